@@ -1,0 +1,32 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+# Each bootstraps .venv (python3 -m venv + pip install -e '.[dev]') on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export GLOG_v ?= 3
+
+.PHONY: demo test lint bench venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/msmon demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/events.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,48 @@
+"""msmon_nb: live, in-notebook monitoring and debugging of MindSpore training.
+
+``import msmon_nb`` stays light: MindSpore, IPython and matplotlib load only when a
+feature that needs them is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_run": "msmon_nb.events",
+    "load_runs": "msmon_nb.events",
+    "read_events": "msmon_nb.events",
+    "EventWriter": "msmon_nb.events",
+    "Run": "msmon_nb.events",
+}
+
+if TYPE_CHECKING:
+    from msmon_nb.events import (  # noqa: F401 - re-exported lazily
+        EventWriter,
+        Run,
+        load_run,
+        load_runs,
+        read_events,
+    )
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'msmon_nb' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext msmon_nb``: register the msmon_nb magics."""
+    from msmon_nb.notebook import register
+
+    register(ipython)

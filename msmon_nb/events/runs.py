@@ -1,0 +1,477 @@
+"""Runs on disk: discovery, incremental loading, series access and status.
+
+A run is a directory holding summary files (``summary.<digits>`` in the name, MindSpore's
+``_lineage`` side files excluded), our ``msmon_run.json`` marker, or ``rank_<k>/``
+sub-directories with summary files. Files of one rank are read in timestamp order; each
+file is tailed, so ``Run.refresh()`` costs only what was appended.
+
+Repeated steps (a restart from a checkpoint) follow TensorBoard's purge rule, per tag:
+when a step is written that is not greater than a step written before it, every earlier
+point with a step >= it is dropped. So for a repeated step the later write wins, and the
+orphaned tail of the crashed attempt disappears. ``scalars(tag, raw=True)`` returns the
+points in write order, untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from msmon_nb.events.bulk import BulkScalarDecoder
+from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
+
+log = logging.getLogger(__name__)
+
+MARKER = "msmon_run.json"
+_SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
+_RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+RECENT_SECS = 60.0
+
+
+def is_summary_file(name: str) -> bool:
+    """True for MindSpore summary file names (``_lineage`` files excluded)."""
+    return bool(_SUMMARY_RE.search(name)) and not name.endswith("_lineage")
+
+
+def _file_key(path: Path) -> tuple[int, str]:
+    match = _SUMMARY_RE.search(path.name)
+    return (int(match.group(1)) if match else 0, path.name)
+
+
+def _file_rank(path: Path) -> int:
+    match = _SUMMARY_RE.search(path.name)
+    return int(match.group(2)) if match and match.group(2) is not None else 0
+
+
+class ScalarSeries(NamedTuple):
+    """One scalar tag: numpy arrays sorted by step (after the purge rule)."""
+
+    steps: np.ndarray  # int64
+    values: np.ndarray  # float32, as stored in the file
+    wall_times: np.ndarray  # float64
+
+
+class Point(NamedTuple):
+    """One histogram, tensor or image at a step."""
+
+    step: int
+    wall_time: float
+    value: Any
+
+
+class _Growable:
+    """Append-only columns kept as a list of numpy chunks, joined on demand."""
+
+    __slots__ = ("_cache", "chunks", "count", "max_step", "went_back")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.count = 0
+        self.max_step: int | None = None
+        self.went_back = False
+        self._cache: ScalarSeries | None = None
+
+    def extend(self, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> None:
+        if not len(steps):
+            return
+        if self.max_step is not None and steps[0] <= self.max_step:
+            self.went_back = True
+        if len(steps) > 1 and not self.went_back and (np.diff(steps) <= 0).any():
+            self.went_back = True
+        top = int(steps.max())
+        self.max_step = top if self.max_step is None else max(self.max_step, top)
+        self.chunks.append((steps, values, walls))
+        self.count += len(steps)
+        self._cache = None
+
+    def raw(self) -> ScalarSeries:
+        if self._cache is None:
+            if len(self.chunks) > 1:
+                self.chunks = [tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))]
+            if self.chunks:
+                self._cache = ScalarSeries(*self.chunks[0])
+            else:
+                self._cache = ScalarSeries(
+                    np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float64)
+                )
+        return self._cache
+
+    def purged(self) -> ScalarSeries:
+        series = self.raw()
+        if not self.went_back:
+            return series
+        return purge(series)
+
+
+def purge(series: ScalarSeries) -> ScalarSeries:
+    """Apply the purge rule (module docstring) to points in write order; result sorted."""
+    steps = series.steps
+    if len(steps) < 2:
+        return series
+    later_min = np.minimum.accumulate(steps[::-1])[::-1]
+    later_min = np.append(later_min[1:], np.iinfo(np.int64).max)
+    keep = steps < later_min
+    return ScalarSeries(steps[keep], series.values[keep], series.wall_times[keep])
+
+
+@dataclass
+class _FileState:
+    reader: RecordReader
+    rank: int
+
+
+class _RankData:
+    """Everything read for one rank."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[str, _Growable] = {}
+        self.other: dict[str, dict[str, list[Point]]] = {}  # kind -> tag -> points
+        self.last_step: int | None = None
+        self.last_wall: float | None = None
+        self.bulk = BulkScalarDecoder()
+        self.decoder = EventDecoder()
+        self.bad_events: list[Problem] = []
+
+    def _add_scalar_columns(self, tag: str, steps, values, walls) -> None:
+        series = self.scalars.get(tag)
+        if series is None:
+            series = self.scalars[tag] = _Growable()
+        series.extend(steps, values, walls)
+
+    def ingest(self, path: Path, buf: bytes, base: int, starts: list[int], stops: list[int]):
+        blocks, rest = self.bulk.decode(buf, starts, stops)
+        pieces: dict[str, list[tuple[np.ndarray, ...]]] = {}
+        for block in blocks:
+            for j, tag in enumerate(block.tags):
+                pieces.setdefault(tag, []).append(
+                    (block.index, block.steps, block.values[:, j], block.walls)
+                )
+        for i in rest.tolist():
+            offset = base + starts[i] - 12
+            try:
+                record = self.decoder.decode(offset, buf[starts[i] : stops[i]])
+            except ValueError as exc:
+                problem = Problem(str(path), offset, str(exc))
+                self.bad_events.append(problem)
+                log.warning("msmon: undecodable summary record in %s", problem)
+                continue
+            if record.step is None:
+                continue
+            for value in record.values:
+                if value.kind == "scalar":
+                    pieces.setdefault(value.tag, []).append(
+                        (
+                            np.array([i]),
+                            np.array([record.step], np.int64),
+                            np.array([value.value], np.float32),
+                            np.array([record.wall_time]),
+                        )
+                    )
+                else:
+                    point = Point(record.step, record.wall_time, value.value)
+                    self.other.setdefault(value.kind, {}).setdefault(value.tag, []).append(point)
+            self._note(record.step, record.wall_time)
+        for tag, parts in pieces.items():
+            index, steps, values, walls = (np.concatenate(c) for c in zip(*parts, strict=True))
+            if len(parts) > 1:
+                order = np.argsort(index, kind="stable")
+                steps, values, walls = steps[order], values[order], walls[order]
+            self._add_scalar_columns(tag, steps, values, walls)
+            self._note(int(steps[-1]), float(walls[-1]))
+
+    def _note(self, step: int, wall: float) -> None:
+        if self.last_wall is None or wall >= self.last_wall:
+            self.last_wall = wall
+            self.last_step = step
+
+
+class Run:
+    """A run directory. Data loads on first use; ``refresh()`` reads what was appended."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self._files: dict[Path, _FileState] = {}
+        self._ranks: dict[int, _RankData] = {}
+        self._loaded = False
+        self.marker: dict[str, Any] | None = None
+        self._read_marker()
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, path={str(self.path)!r})"
+
+    # --- loading ----------------------------------------------------------------------
+
+    def _read_marker(self) -> None:
+        try:
+            self.marker = json.loads((self.path / MARKER).read_text())
+        except (OSError, ValueError):
+            self.marker = None
+
+    def _discover(self) -> None:
+        for path, rank in _run_files(self.path):
+            if path not in self._files:
+                self._files[path] = _FileState(RecordReader(path), rank)
+
+    def refresh(self) -> bool:
+        """Read new files and new records; True when anything new arrived."""
+        self._loaded = True
+        self._read_marker()
+        self._discover()
+        new = False
+        for path in sorted(self._files, key=_file_key):
+            state = self._files[path]
+            rank = self._ranks.setdefault(state.rank, _RankData())
+            for buf, base, starts, stops in state.reader.batches():
+                rank.ingest(path, buf, base, starts, stops)
+                new = True
+        return new
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self.refresh()
+
+    # --- access -----------------------------------------------------------------------
+
+    @property
+    def files(self) -> list[Path]:
+        """Summary files of the run, in reading order."""
+        self._discover()
+        return sorted(self._files, key=_file_key)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks that wrote files into the run (``[0]`` for single-process runs)."""
+        self._load()
+        return sorted(self._ranks) or [0]
+
+    def _rank(self, rank: int | None) -> _RankData:
+        self._load()
+        if rank is None:
+            rank = min(self._ranks) if self._ranks else 0
+        data = self._ranks.get(rank)
+        if data is None:
+            if not self._ranks:
+                return _RankData()
+            raise KeyError(f"run {self.name!r} has no rank {rank}; ranks: {sorted(self._ranks)}")
+        return data
+
+    def tags(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
+        """Tags of one kind: scalar, histogram, tensor, image."""
+        data = self._rank(rank)
+        if kind == "scalar":
+            return sorted(data.scalars)
+        return sorted(data.other.get(kind, {}))
+
+    def scalars(self, tag: str, rank: int | None = None, raw: bool = False) -> ScalarSeries:
+        """``(steps, values, wall_times)`` of ``tag``, sorted by step (see the purge rule)."""
+        data = self._rank(rank)
+        series = data.scalars.get(tag)
+        if series is None:
+            raise KeyError(_unknown(tag, data.scalars, self.name))
+        return series.raw() if raw else series.purged()
+
+    def _points(self, kind: str, tag: str, rank: int | None) -> list[Point]:
+        data = self._rank(rank)
+        points = data.other.get(kind, {}).get(tag)
+        if points is None:
+            raise KeyError(_unknown(tag, data.other.get(kind, {}), self.name, kind))
+        by_step: dict[int, Point] = {}
+        for point in points:  # a repeated step: the later write wins
+            by_step[point.step] = point
+        return [by_step[s] for s in sorted(by_step)]
+
+    def histograms(self, tag: str, rank: int | None = None) -> list[Point]:
+        """Histogram points of ``tag`` (``value`` is a ``Histogram``), sorted by step."""
+        return self._points("histogram", tag, rank)
+
+    def tensors(self, tag: str, rank: int | None = None) -> list[Point]:
+        """Tensor points of ``tag`` (``value`` is a numpy array), sorted by step."""
+        return self._points("tensor", tag, rank)
+
+    def images(self, tag: str, rank: int | None = None) -> list[Point]:
+        """Image points of ``tag`` (``value`` is an ``ImageValue``), sorted by step."""
+        return self._points("image", tag, rank)
+
+    @property
+    def num_points(self) -> int:
+        """Scalar points stored (all tags, all ranks, before the purge rule)."""
+        self._load()
+        return sum(s.count for r in self._ranks.values() for s in r.scalars.values())
+
+    @property
+    def last_step(self) -> int | None:
+        """Step of the most recent record (max over ranks)."""
+        self._load()
+        steps = [r.last_step for r in self._ranks.values() if r.last_step is not None]
+        return max(steps) if steps else None
+
+    @property
+    def last_write(self) -> float | None:
+        """Modification time of the newest file (seconds since the epoch)."""
+        times = []
+        for path in self.files:
+            try:
+                times.append(path.stat().st_mtime)
+            except OSError:
+                continue
+        return max(times) if times else None
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Damaged spots found in the run's files."""
+        self._load()
+        found = [p for f in self._files.values() for p in f.reader.problems]
+        return found + [p for r in self._ranks.values() for p in r.bad_events]
+
+    @property
+    def status(self) -> str:
+        """running, finished, stopped, interrupted, or damaged."""
+        self._load()
+        status = self._base_status()
+        if status != "running" and self.problems:
+            return "damaged"
+        return status
+
+    def _base_status(self) -> str:
+        marker = self.marker
+        if marker and marker.get("status") in ("finished", "stopped", "interrupted"):
+            return str(marker["status"])
+        if marker and marker.get("status") == "running":
+            if marker.get("host") == socket.gethostname() and marker.get("pid"):
+                return "running" if _pid_alive(int(marker["pid"])) else "interrupted"
+            return "running" if self._recent(600) else "interrupted"
+        files = self.files
+        if files and all(not os.access(f, os.W_OK) or _readonly(f) for f in files):
+            return "finished"
+        return "running" if self._recent(RECENT_SECS) else "interrupted"
+
+    def _recent(self, secs: float) -> bool:
+        last = self.last_write
+        return last is not None and time.time() - last < secs
+
+    def summary(self) -> dict[str, Any]:
+        """What ``msmon runs`` prints about the run."""
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "tags": self.tags(),
+            "points": self.num_points,
+            "last_step": self.last_step,
+            "last_write": self.last_write,
+            "status": self.status,
+            "ranks": self.ranks,
+            "problems": [str(p) for p in self.problems],
+        }
+
+
+def _readonly(path: Path) -> bool:
+    try:
+        return not (path.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unknown(tag: str, known: Iterable[str], run: str, kind: str = "scalar") -> str:
+    names = sorted(known)
+    return f"run {run!r} has no {kind} tag {tag!r}; it has: {', '.join(names) or 'none'}"
+
+
+def _run_files(path: Path) -> list[tuple[Path, int]]:
+    """Summary files of the run at ``path`` with their rank."""
+    found: list[tuple[Path, int]] = []
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.is_file() and is_summary_file(entry.name):
+            found.append((Path(entry.path), _file_rank(Path(entry.path))))
+        elif entry.is_dir(follow_symlinks=False) and (m := _RANK_DIR_RE.match(entry.name)):
+            rank = int(m.group(1))
+            try:
+                for sub in os.scandir(entry.path):
+                    if sub.is_file() and is_summary_file(sub.name):
+                        found.append((Path(sub.path), rank))
+            except OSError:
+                continue
+    return found
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` holds a marker, summary files, or rank_<k> dirs with them."""
+    p = Path(path)
+    return (p / MARKER).is_file() or bool(_run_files(p))
+
+
+def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:
+    """Run dirs under ``base`` (``base`` itself included), not descending into runs."""
+    base = Path(base)
+    found: list[Path] = []
+
+    def walk(path: Path, depth: int) -> None:
+        if is_run_dir(path):
+            found.append(path)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return
+        for child in children:
+            walk(Path(child), depth + 1)
+
+    walk(base, 0)
+    return found
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """The run at ``path`` (a run dir, or one summary file's directory), loaded."""
+    p = Path(path)
+    if p.is_file():
+        p = p.parent
+    if not p.is_dir():
+        raise FileNotFoundError(f"no run at {str(path)!r}: not a directory")
+    if not is_run_dir(p):
+        raise FileNotFoundError(
+            f"no run at {str(path)!r}: it holds no summary files "
+            "(names with 'summary.<digits>') and no msmon_run.json"
+        )
+    run = Run(p)
+    run.refresh()
+    return run
+
+
+def load_runs(base: str | os.PathLike[str]) -> list[Run]:
+    """Every run under ``base``, MindSpore-written ones included, sorted by name."""
+    base_path = Path(base)
+    if not base_path.is_dir():
+        raise FileNotFoundError(f"summary base dir {str(base)!r} does not exist")
+    runs = []
+    for path in find_run_dirs(base_path):
+        rel = path.relative_to(base_path).as_posix()
+        run = Run(path, name=rel if rel != "." else path.name)
+        run.refresh()
+        runs.append(run)
+    return sorted(runs, key=lambda r: r.name)

@@ -1,0 +1,40 @@
+"""Shared test setup: quiet MindSpore, and helpers that run real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GLOG_v", "3")  # silence MindSpore's [WARNING] lines
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, *args: str, timeout: float = 300, check: bool = True, **kw):
+    """Run ``code`` in a fresh interpreter of this venv; returns the CompletedProcess."""
+    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
+    env.update(kw.pop("env", {}))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=kw.pop("cwd", ROOT),
+        **kw,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"subprocess failed ({proc.returncode})\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture
+def python():
+    """The ``run_python`` helper as a fixture."""
+    return run_python
