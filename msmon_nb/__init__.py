@@ -16,9 +16,17 @@ _LAZY = {
     "read_events": "msmon_nb.events",
     "EventWriter": "msmon_nb.events",
     "Run": "msmon_nb.events",
+    "Monitor": "msmon_nb.monitor",
+    "StopTraining": "msmon_nb.monitor",
+    "MonitorConfig": "msmon_nb.config",
+    "ConfigError": "msmon_nb.config",
+    "run_name_from": "msmon_nb.config",
+    "global_norm": "msmon_nb.collect.graph",
 }
 
 if TYPE_CHECKING:
+    from msmon_nb.collect.graph import global_norm  # noqa: F401
+    from msmon_nb.config import ConfigError, MonitorConfig, run_name_from  # noqa: F401
     from msmon_nb.events import (  # noqa: F401 - re-exported lazily
         EventWriter,
         Run,
@@ -26,6 +34,7 @@ if TYPE_CHECKING:
         load_runs,
         read_events,
     )
+    from msmon_nb.monitor import Monitor, StopTraining  # noqa: F401
 
 __all__ = sorted(_LAZY)
 

@@ -64,8 +64,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from msmon_nb.events.runs import load_run
 
     started = time.perf_counter()
-    run_dir = train(args.dir, steps=args.steps)
+    mon = train(args.dir, steps=args.steps)
     elapsed = time.perf_counter() - started
+    run_dir = mon.run_dir
     run = load_run(run_dir)
     loss = run.scalars("train/loss")
     norm = run.scalars("train/grad_norm")

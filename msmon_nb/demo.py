@@ -8,7 +8,6 @@ core curve has something to show.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +66,14 @@ def batches(data: DemoData, batch_size: int, steps: int, seed: int = 1):
         yield ms.Tensor(data.x[idx]), ms.Tensor(data.y[idx])
 
 
-def train(save_dir: str | Path, steps: int = 300, batch_size: int = 64) -> Path:
-    """Train the demo model, writing loss, grad_norm, lr and throughput; returns the run dir."""
+def train(save_dir: str | Path, steps: int = 300, batch_size: int = 64, log_interval: int = 1):
+    """Train the demo model under ``Monitor.watch()``; returns the finished ``Monitor``.
+
+    The loop below is an ordinary MindSpore loop: the monitor observes it unchanged.
+    """
     import mindspore as ms
 
-    from msmon_nb.events.writer import EventWriter
+    from msmon_nb.monitor import Monitor
 
     data = make_data()
     net, loss_fn, opt = build(steps=steps)
@@ -80,28 +82,9 @@ def train(save_dir: str | Path, steps: int = 300, batch_size: int = 64) -> Path:
         return loss_fn(net(x), y)
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-    run_dir = Path(save_dir) / time.strftime("demo_%Y%m%d_%H%M%S")
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = run_dir.with_name(f"{run_dir.name.split('.')[0]}.{suffix}")
-    with EventWriter(run_dir) as writer:
-        last = time.perf_counter()
-        for step, (x, y) in enumerate(batches(data, batch_size, steps)):
-            lr = float(opt.get_lr().asnumpy())
-            loss, grads = grad_fn(x, y)
+    mon = Monitor(save_dir=str(save_dir), model_name="demo", log_interval=log_interval)
+    with mon, mon.watch():
+        for x, y in batches(data, batch_size, steps):
+            _loss, grads = grad_fn(x, y)
             opt(grads)
-            norm = math.sqrt(sum(float((g.asnumpy().astype(np.float64) ** 2).sum()) for g in grads))
-            now = time.perf_counter()
-            writer.add_scalars(
-                step,
-                {
-                    "train/loss": float(loss.asnumpy()),
-                    "train/grad_norm": norm,
-                    "train/learning_rate": lr,
-                    "train/throughput": batch_size / (now - last),
-                    "train/step_time": now - last,
-                },
-            )
-            last = now
-    return run_dir
+    return mon

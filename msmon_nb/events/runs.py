@@ -33,6 +33,8 @@ from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
 log = logging.getLogger(__name__)
 
 MARKER = "msmon_run.json"
+ALERTS = "alerts.jsonl"  # one JSON object per alert, appended by the monitor
+SNAPSHOTS = "snapshots.jsonl"  # one JSON object per tensor snapshot (its data is in the events)
 _SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
 _RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 RECENT_SECS = 60.0
@@ -360,6 +362,47 @@ class Run:
         last = self.last_write
         return last is not None and time.time() - last < secs
 
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        """Alerts raised while the run trained, oldest first (``alerts.jsonl`` of every rank).
+
+        Each: ``step``, ``since_step`` (onset), ``kind``, ``severity``, ``message``, ``tag``,
+        ``value``, ``rank``, ``wall_time``.
+        """
+        return _read_jsonl_files(self.path, ALERTS)
+
+    @property
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Tensor snapshots (``snapshots.jsonl``), each with its stats and histogram.
+
+        Each: ``step``, ``name``, ``reason``, ``shape``, ``dtype``, ``stats`` (min, max,
+        mean, std, nan_count, inf_count...), ``histogram`` (a ``Histogram`` or None) and
+        ``has_value`` (the raw tensor is stored under ``snap/<name>/value``).
+        """
+        entries = _read_jsonl_files(self.path, SNAPSHOTS)
+        if not entries:
+            return []
+        self._load()
+        for entry in entries:
+            rank = entry.get("rank")
+            data = self._ranks.get(rank if rank is not None else min(self._ranks, default=0))
+            hist = None
+            if data is not None:
+                points = data.other.get("histogram", {}).get(f"snap/{entry['name']}/hist", [])
+                hist = next((p.value for p in points if p.step == entry["step"]), None)
+                tensors = data.other.get("tensor", {}).get(f"snap/{entry['name']}/value", [])
+                entry["has_value"] = any(p.step == entry["step"] for p in tensors)
+            entry["histogram"] = hist
+        return entries
+
+    def snapshot_value(self, name: str, step: int, rank: int | None = None) -> np.ndarray | None:
+        """The raw tensor stored by a snapshot, or None when only stats were kept."""
+        data = self._rank(rank)
+        for point in data.other.get("tensor", {}).get(f"snap/{name}/value", []):
+            if point.step == step:
+                return point.value
+        return None
+
     def summary(self) -> dict[str, Any]:
         """What ``msmon runs`` prints about the run."""
         return {
@@ -373,6 +416,25 @@ class Run:
             "ranks": self.ranks,
             "problems": [str(p) for p in self.problems],
         }
+
+
+def _read_jsonl_files(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``; a torn last line is skipped."""
+    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue  # a line still being written
+            if isinstance(item, dict):
+                out.append(item)
+    return out
 
 
 def _readonly(path: Path) -> bool:

@@ -33,6 +33,10 @@ _VAL_TENSOR = b"\x42"
 _VAL_HISTOGRAM = b"\x4a"
 
 VERSION = "MindSpore.Event:1"
+# TensorBoard's Event shares field numbers 1, 2, 3 and 5 with MindSpore's; its scalar is
+# Summary.Value.simple_value = 2 (float) where MindSpore has scalar_value = 3.
+TF_VERSION = "brain.Event:2"
+_VAL_TF_SIMPLE = b"\x15"
 
 
 def varint(value: int) -> bytes:
@@ -67,9 +71,9 @@ def _event(wall_time: float, step: int | None, key: bytes, body: bytes) -> bytes
     return head + _len_field(key, body)
 
 
-def version_event(wall_time: float) -> bytes:
+def version_event(wall_time: float, version: str = VERSION) -> bytes:
     """The first record of every summary file."""
-    return _EV_WALL + _F64.pack(wall_time) + _len_field(_EV_VERSION, VERSION.encode())
+    return _EV_WALL + _F64.pack(wall_time) + _len_field(_EV_VERSION, version.encode())
 
 
 class ScalarPrefixes(dict):
@@ -79,20 +83,32 @@ class ScalarPrefixes(dict):
     four bytes depends only on the tag, so it is built once per tag.
     """
 
+    def __init__(self, key: bytes = _VAL_SCALAR) -> None:
+        super().__init__()
+        self.key = key
+
     def __missing__(self, tag: str) -> bytes:
         raw = tag.encode("utf-8")
-        value = _len_field(_VAL_TAG, raw) + _VAL_SCALAR
+        value = _len_field(_VAL_TAG, raw) + self.key
         prefix = _SUM_VALUE + varint(len(value) + 4) + value
         self[tag] = prefix
         return prefix
 
 
 _PREFIXES = ScalarPrefixes()
+TF_PREFIXES = ScalarPrefixes(_VAL_TF_SIMPLE)
 
 
-def scalar_event(step: int, wall_time: float, items: Iterable[tuple[str, float]]) -> bytes:
-    """One Event holding a scalar Value per ``(tag, value)``, as SummaryRecord.record does."""
-    prefixes = _PREFIXES
+def scalar_event(
+    step: int,
+    wall_time: float,
+    items: Iterable[tuple[str, float]],
+    prefixes: ScalarPrefixes = _PREFIXES,
+) -> bytes:
+    """One Event holding a scalar Value per ``(tag, value)``, as SummaryRecord.record does.
+
+    With ``prefixes=TF_PREFIXES`` the bytes are a TensorBoard ``Event`` instead.
+    """
     summary = b"".join([prefixes[tag] + f32(value) for tag, value in items])
     return _event(wall_time, step, _EV_SUMMARY, summary)
 

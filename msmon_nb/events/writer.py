@@ -50,10 +50,20 @@ class WriterError(RuntimeError):
 
 
 def event_file_name(
-    wall_secs: int, rank: int = 0, host: str | None = None, suffix: str = DEFAULT_SUFFIX
+    wall_secs: int,
+    rank: int = 0,
+    host: str | None = None,
+    suffix: str = DEFAULT_SUFFIX,
+    flavor: str = "mindspore",
 ) -> str:
-    """``events.out.events.summary.<secs>.<rank>.<host><suffix>``, as SummaryRecord names it."""
-    return f"events{FILE_MARK}{wall_secs}.{rank}.{host or platform.node()}{suffix}"
+    """``events.out.events.summary.<secs>.<rank>.<host><suffix>``, as SummaryRecord names it.
+
+    The ``tensorboard`` flavor gives ``events.out.tfevents.<secs>.<host>.<pid>.<rank>``.
+    """
+    host = host or platform.node()
+    if flavor == "tensorboard":
+        return f"events.out.tfevents.{wall_secs}.{host}.{os.getpid()}.{rank}"
+    return f"events{FILE_MARK}{wall_secs}.{rank}.{host}{suffix}"
 
 
 _LIVE: weakref.WeakSet[EventWriter] = weakref.WeakSet()
@@ -75,6 +85,7 @@ class EventWriter:
             exceed this many bytes; ``None`` for no limit.
         flush_secs: longest time a record waits in memory before it reaches the OS.
         max_queue_bytes, block_secs: the queue bound, see the module docstring.
+        flavor: ``mindspore`` (default) or ``tensorboard`` (tfevents files, scalars only).
     """
 
     def __init__(
@@ -88,8 +99,11 @@ class EventWriter:
         max_queue_bytes: int = 64 * 2**20,
         block_secs: float = 2.0,
         suffix: str = DEFAULT_SUFFIX,
+        flavor: str = "mindspore",
         clock=time.time,
     ) -> None:
+        if flavor not in ("mindspore", "tensorboard"):
+            raise ValueError(f"flavor={flavor!r}: use 'mindspore' or 'tensorboard'")
         if max_file_size is not None and max_file_size < 256:
             raise ValueError(
                 f"max_file_size={max_file_size} is too small to hold a record; "
@@ -104,6 +118,9 @@ class EventWriter:
         self.max_queue_bytes = max_queue_bytes
         self.block_secs = block_secs
         self.suffix = suffix
+        self.flavor = flavor
+        self._prefixes = wire.TF_PREFIXES if flavor == "tensorboard" else wire.ScalarPrefixes()
+        self._version = wire.TF_VERSION if flavor == "tensorboard" else wire.VERSION
         self._clock = clock
         self._host = platform.node()
         self._pid = os.getpid()
@@ -193,6 +210,7 @@ class EventWriter:
 
     def add_histogram(self, tag: str, values, step: int, wall_time: float | None = None) -> None:
         """Record a histogram of ``values`` (array-like, or a ready ``Histogram``)."""
+        self._only_scalars("histograms")
         if isinstance(values, wire.Histogram):
             item = ("h", int(step), self._wall(wall_time), tag, values)
             self._put(item, 32 * len(values.buckets) + _SCALAR_COST)
@@ -202,6 +220,7 @@ class EventWriter:
 
     def add_tensor(self, tag: str, values, step: int, wall_time: float | None = None) -> None:
         """Record a tensor (stored as MindSpore does: float32 data plus the dtype code)."""
+        self._only_scalars("tensors")
         arr = np.array(values, copy=True)
         if arr.dtype.name not in wire.DTYPE_CODES:
             raise TypeError(
@@ -212,6 +231,7 @@ class EventWriter:
 
     def add_image(self, tag: str, image, step: int, wall_time: float | None = None) -> None:
         """Record an image: (H, W), (H, W, C) or (C, H, W); uint8 or floats."""
+        self._only_scalars("images")
         height, width, channels, png = encode_png(np.asarray(image))
         item = ("i", int(step), self._wall(wall_time), tag, (height, width, channels, png))
         self._put(item, len(png) + _SCALAR_COST)
@@ -219,6 +239,10 @@ class EventWriter:
     def add_event(self, payload: bytes) -> None:
         """Append an already-encoded Event (used by tools that copy events)."""
         self._put(("r", payload), len(payload))
+
+    def _only_scalars(self, what: str) -> None:
+        if self.flavor == "tensorboard":
+            raise TypeError(f"{what} cannot be written to a tensorboard-flavor file; scalars only")
 
     def _wall(self, wall_time: float | None) -> float:
         return self._clock() if wall_time is None else wall_time
@@ -247,7 +271,7 @@ class EventWriter:
             self._thread.join()
         _LIVE.discard(self)
         if self._error is not None:
-            log.warning("msmon: summary writer for %s stopped early: %s", self.logdir, self._error)
+            log.debug("msmon: summary writer for %s stopped early: %s", self.logdir, self._error)
 
     def __enter__(self) -> EventWriter:
         return self
@@ -257,18 +281,21 @@ class EventWriter:
 
     # --- writer thread ----------------------------------------------------------------
 
+    def _file_path(self, secs: int) -> Path:
+        return self.logdir / event_file_name(secs, self.rank, self._host, self.suffix, self.flavor)
+
     def _open_file(self) -> None:
         secs = max(int(self._clock()), self._last_secs + 1)
-        path = self.logdir / event_file_name(secs, self.rank, self._host, self.suffix)
+        path = self._file_path(secs)
         while path.exists():  # another writer started in the same second
             secs += 1
-            path = self.logdir / event_file_name(secs, self.rank, self._host, self.suffix)
+            path = self._file_path(secs)
         self._last_secs = secs
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _OPEN_MODE)
         self._file = os.fdopen(fd, "wb", buffering=256 * 1024)
         self.files.append(path)
         self._file_size = 0
-        self._write_payload(wire.version_event(self._clock()), rotate=False)
+        self._write_payload(wire.version_event(self._clock(), self._version), rotate=False)
 
     def _close_file(self) -> None:
         if self._file is None:
@@ -296,11 +323,10 @@ class EventWriter:
         self._file.write(data)
         self._file_size += len(data)
 
-    @staticmethod
-    def _encode(item: tuple) -> bytes:
+    def _encode(self, item: tuple) -> bytes:
         kind = item[0]
         if kind == "s":
-            return wire.scalar_event(item[1], item[2], item[3])
+            return wire.scalar_event(item[1], item[2], item[3], self._prefixes)
         if kind == "r":
             return item[1]
         _, step, wall, tag, data = item
@@ -354,7 +380,8 @@ class EventWriter:
                     break
         except BaseException as exc:  # noqa: BLE001 - surfaced to the caller on its next call
             self._error = exc
-            log.warning("msmon: summary writer for %s failed: %s", self.logdir, exc)
+            # reported to the caller as WriterError on its next call, not logged twice
+            log.debug("msmon: summary writer for %s failed: %s", self.logdir, exc)
             with self._flushed:
                 self._flushed.notify_all()
         finally:

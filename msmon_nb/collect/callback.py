@@ -1,0 +1,90 @@
+"""``mon.callback()``: a real ``mindspore.train.Callback`` for ``Model.train``.
+
+Loss comes from ``net_outputs`` (the first element when the train cell returns a tuple),
+the learning rate from ``optimizer.get_lr()`` read when a collected step begins (before
+the update moves ``global_step``), the batch size from the dataset. Steps are numbered
+as MindSpore numbers them (``cur_step_num``, from 1), so our records line up with
+``LossMonitor`` output and ``SummaryCollector`` files.
+
+Gradients never leave ``TrainOneStepCell``'s graph, so at ``on_train_begin`` the train
+cell's ``grad_reducer`` is wrapped by ``GradNormTap`` (see ``collect.graph``), which
+stores the global norm of the (reduced) gradients in a Parameter read on collected steps.
+A custom train cell without ``grad_reducer`` gets no grad_norm; a warning says how to
+report it (``mon.step(grad_norm=...)`` or return ``mm.global_norm(grads)``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from mindspore.train import Callback
+
+from msmon_nb.collect.values import read_lr
+
+if TYPE_CHECKING:
+    from msmon_nb.monitor import Monitor
+
+
+class MonitorCallback(Callback):
+    """Records every collected ``Model.train`` step into its ``Monitor``."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        super().__init__()
+        self.monitor = monitor
+        self.tap: Any = None
+        self.optimizer: Any = None
+        self.batch_size: int | None = None
+        self._collect = False
+        self._lr: float | None = None
+
+    def on_train_begin(self, run_context: Any) -> None:
+        mon = self.monitor
+        cb = run_context.original_args()
+        network = cb.train_network
+        self.optimizer = cb.optimizer or getattr(network, "optimizer", None)
+        dataset = cb.train_dataset
+        if dataset is not None and self.batch_size is None:
+            self.batch_size = mon._guard("reading the batch size", dataset.get_batch_size)
+        if mon.config.tracks("grad_norm") and self.tap is None:
+            from msmon_nb.collect.graph import install_tap
+
+            self.tap = mon._guard("installing the grad_norm tap", install_tap, network)
+            if self.tap is None:
+                mon._warn_once(
+                    "no tap",
+                    f"{type(network).__name__} has no grad_reducer, so grad_norm cannot be "
+                    "read from Model.train; pass it yourself with mon.step(grad_norm=...)",
+                )
+        mon._attached("Model.train callback")
+        mon._t_mark = time.perf_counter()
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        mon = self.monitor
+        step = int(run_context.original_args().cur_step_num)
+        mon.step_count = step
+        self._collect = mon.will_collect(step)
+        self._lr = None
+        if self._collect and self.optimizer is not None and mon.config.tracks("learning_rate"):
+            self._lr = mon._guard("reading the learning rate", read_lr, self.optimizer)
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        mon = self.monitor
+        cb = run_context.original_args()
+        collect = self._collect
+        mon._record_step(
+            loss=cb.net_outputs if collect else None,
+            grad_norm=self.tap.norm if collect and self.tap is not None else None,
+            lr=self._lr,
+            batch_size=self.batch_size,
+            params=list(self.optimizer.parameters)
+            if collect and self.optimizer is not None and mon.config.tracks("param_stats")
+            else None,
+            global_step=int(cb.cur_step_num),
+            collect=collect,
+        )
+        if mon._boundary(raise_stop=False):
+            run_context.request_stop()
+
+    def on_train_end(self, run_context: Any) -> None:
+        self.monitor._guard("flushing", self.monitor.flush)

@@ -1,0 +1,102 @@
+"""Turn what a training step produced into the scalars of one collected step.
+
+Everything here runs only on collected steps; on the others nothing is converted or
+synchronised with the device.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
+from msmon_nb.config import MonitorConfig, suggest_tag
+from msmon_nb.metrics.norms import global_norm, sum_of_squares
+
+
+def read_lr(optimizer: Any) -> float | None:
+    """The optimizer's learning rate for its current step (first group when grouped)."""
+    get_lr = getattr(optimizer, "get_lr", None)
+    if get_lr is None:
+        return None
+    return to_float(get_lr())
+
+
+def read_global_step(optimizer: Any) -> int | None:
+    """The optimizer's ``global_step`` counter, if it has one."""
+    counter = getattr(optimizer, "global_step", None)
+    value = to_float(counter) if counter is not None else None
+    return None if value is None else int(value)
+
+
+def param_tag(name: str) -> str:
+    """A tag-rule spelling of a parameter name (``fc1.Weight`` -> ``fc1.weight``)."""
+    return suggest_tag(name.replace("/", "."))
+
+
+def param_stats(
+    names: Sequence[str],
+    weights: Sequence[Any] | None,
+    grads: Sequence[Any] | None,
+    targets: Iterable[str],
+) -> dict[str, float]:
+    """``param/<name>/weight_norm`` and ``.../grad_norm`` for names matching ``targets``."""
+    patterns = [re.compile(t) for t in targets]
+    out: dict[str, float] = {}
+    for i, name in enumerate(names):
+        if not any(p.search(name) for p in patterns):
+            continue
+        tag = param_tag(name)
+        if weights is not None and i < len(weights):
+            out[f"param/{tag}/weight_norm"] = math.sqrt(sum_of_squares(to_numpy(weights[i])))
+        if grads is not None and i < len(grads):
+            out[f"param/{tag}/grad_norm"] = math.sqrt(sum_of_squares(to_numpy(grads[i])))
+    return out
+
+
+def step_values(
+    config: MonitorConfig,
+    *,
+    loss: Any = None,
+    grads: Any = None,
+    grad_norm: Any = None,
+    lr: Any = None,
+    global_step: int | None = None,
+    step_time: float | None = None,
+    samples: int = 0,
+    params: Sequence[Any] | None = None,
+) -> dict[str, float]:
+    """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of one step."""
+    tracks = config.tracks
+    values: dict[str, float] = {}
+    if tracks("loss") and loss is not None:
+        value = to_float(loss[0] if isinstance(loss, tuple | list) else loss)
+        if value is not None:
+            values["train/loss"] = value
+    leaves = flatten_tensors(grads) if grads is not None else None
+    if tracks("grad_norm"):
+        if grad_norm is not None:
+            values["train/grad_norm"] = float(to_float(grad_norm))
+        elif leaves:
+            values["train/grad_norm"] = global_norm(to_numpy(g) for g in leaves)
+    if tracks("learning_rate") and lr is not None:
+        value = to_float(lr)
+        if value is not None:
+            values["train/learning_rate"] = value
+    if step_time is not None and step_time > 0:
+        if tracks("step_time"):
+            values["train/step_time"] = step_time
+        if tracks("throughput") and samples:
+            values["train/throughput"] = samples / step_time
+    if tracks("global_step") and global_step is not None:
+        values["train/global_step"] = float(global_step)
+    if tracks("param_stats") and params:
+        names = [getattr(p, "name", f"param_{i}") for i, p in enumerate(params)]
+        values.update(param_stats(names, params, leaves, config.param_targets))
+    if tracks("system"):
+        from msmon_nb.collect.system import system_metrics
+
+        values.update(system_metrics())
+    return values

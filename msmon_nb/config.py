@@ -1,0 +1,311 @@
+"""``MonitorConfig``: what to collect, how often, where to write; every check on user input.
+
+Loaded from keyword arguments, a dict, or YAML (fields at top level or under a
+``monitor_config:`` key, as MindFormers configs hold them). MindFormers' own field names
+are accepted as aliases. A bad value raises ``ConfigError`` naming the field, the value
+and a valid example; code past this module trusts the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
+OPTIONAL_METRICS = ("param_stats", "system")
+KNOWN_METRICS = CORE_METRICS + OPTIONAL_METRICS
+MONITOR_TYPES = ("summary", "mindinsight", "file", "mlflow", "tensorboard")
+
+# MindFormers monitor_config names -> ours
+ALIASES = {
+    "monitor_on": "enable_monitor",
+    "dump_path": "save_dir",
+    "step_interval": "log_interval",
+    "collect_freq": "log_interval",
+    "target": "param_targets",
+    "summary_dir": "save_dir",
+}
+
+TAG_RULE = (
+    "lowercase ASCII letters, digits, '_', '-' and '.', in groups separated by '/' "
+    "(e.g. 'val/f1' or 'train/tokens_per_s')"
+)
+_TAG_RE = re.compile(r"^[a-z0-9_][a-z0-9_.\-]*(/[a-z0-9_][a-z0-9_.\-]*)*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class ConfigError(ValueError):
+    """A monitor_config value is invalid; the message names field, value and a fix."""
+
+
+def suggest_tag(tag: str) -> str:
+    """A valid spelling close to ``tag``."""
+    ascii_only = tag.encode("ascii", "ignore").decode().lower()
+    cleaned = re.sub(r"[^a-z0-9_.\-/]+", "_", ascii_only)
+    parts = [p.strip("_") or "x" for p in cleaned.strip("/").split("/") if p]
+    return "/".join(parts) or "metric"
+
+
+def check_tag(tag: Any, field_name: str = "tag") -> str:
+    """Return ``tag`` when it follows the tag rule, else raise ``ConfigError``."""
+    if not isinstance(tag, str) or not _TAG_RE.match(tag):
+        hint = f"; did you mean {suggest_tag(tag)!r}?" if isinstance(tag, str) else ""
+        raise ConfigError(f"{field_name}={tag!r} breaks the tag rule: {TAG_RULE}{hint}")
+    return tag
+
+
+def _fail(name: str, value: Any, why: str, example: str) -> ConfigError:
+    return ConfigError(f"monitor_config.{name}={value!r}: {why}; for example {example}")
+
+
+@dataclass
+class MonitorConfig:
+    """How a ``Monitor`` collects and where it writes (see README, "monitor_config").
+
+    ``log_interval`` is the collection frequency: loss, grad_norm and lr are read from the
+    device only every ``log_interval``-th step, so other steps cost nothing.
+    """
+
+    enable_monitor: bool = True
+    monitor_type: str | list[str] = "summary"
+    project_name: str = "default"
+    run_name: str | None = None
+    model_name: str | None = None
+    log_interval: int = 1
+    track_metrics: list[str] = field(default_factory=lambda: list(CORE_METRICS))
+    save_dir: str = "./summary"
+    use_callback: bool = True
+    verbose: bool = False
+    param_targets: list[str] = field(default_factory=lambda: [".*"])
+    batch_size: int | None = None
+    alerts: dict[str, Any] = field(default_factory=dict)
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    break_on: str | None = None
+    max_file_size: int | None = None
+    flush_secs: float = 1.0
+    mlflow_tracking_uri: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # --- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MonitorConfig:
+        """Build from a dict; a nested ``monitor_config`` key is unwrapped."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"monitor_config must be a mapping of field names to values, got "
+                f"{type(data).__name__}; for example {{'log_interval': 10}}"
+            )
+        if "monitor_config" in data:
+            inner = data["monitor_config"]
+            if not isinstance(inner, Mapping):
+                raise ConfigError(
+                    f"monitor_config={inner!r} must be a mapping; for example "
+                    "monitor_config: {log_interval: 10, save_dir: ./summary}"
+                )
+            data = inner
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        given: dict[str, str] = {}  # field -> alias the user wrote
+        for key, value in data.items():
+            name = ALIASES.get(key, key)
+            if name not in names:
+                close = difflib.get_close_matches(str(key), sorted(names | set(ALIASES)), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(
+                    f"monitor_config has no field {key!r}{hint} "
+                    f"(fields: {', '.join(sorted(names))})"
+                )
+            if name in kwargs:
+                raise ConfigError(f"monitor_config sets {name!r} twice ({key!r} is an alias)")
+            kwargs[name] = value
+            if name != key:
+                given[name] = key
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            for name, key in given.items():
+                if f"monitor_config.{name}=" in str(exc):
+                    raise ConfigError(f"{exc} (set as {key!r}, an alias of {name!r})") from None
+            raise
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> MonitorConfig:
+        """Load from a YAML file (top level or under ``monitor_config:``)."""
+        import yaml
+
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read monitor config {str(path)!r}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{str(path)!r} is not valid YAML: {exc}") from exc
+        config = cls.from_dict(data)
+        config._source = str(p.resolve())
+        return config
+
+    @classmethod
+    def coerce(cls, value: MonitorConfig | Mapping[str, Any] | str | Path | None) -> MonitorConfig:
+        """A config from whatever the user passed (config, dict, YAML path or None)."""
+        if value is None:
+            return cls()
+        if isinstance(value, MonitorConfig):
+            return value
+        if isinstance(value, str | Path):
+            return cls.from_yaml(value)
+        return cls.from_dict(value)
+
+    def replace(self, **changes: Any) -> MonitorConfig:
+        """A validated copy with ``changes`` applied (aliases accepted)."""
+        data = self.to_dict()
+        for key, value in changes.items():
+            data[ALIASES.get(key, key)] = value
+        return MonitorConfig.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, as recorded in ``msmon_run.json``."""
+        return dataclasses.asdict(self)
+
+    # --- derived ------------------------------------------------------------------------
+
+    @property
+    def sink_types(self) -> list[str]:
+        """Output kinds; ``summary`` always first (``mindinsight`` is its alias)."""
+        kinds = [self.monitor_type] if isinstance(self.monitor_type, str) else self.monitor_type
+        out = ["summary"]
+        for kind in kinds:
+            kind = "summary" if kind == "mindinsight" else kind
+            if kind not in out:
+                out.append(kind)
+        return out
+
+    def tracks(self, metric: str) -> bool:
+        """True when ``metric`` is collected."""
+        return metric in self.track_metrics
+
+    # --- validation ---------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` on the first invalid field."""
+        for name in ("enable_monitor", "use_callback", "verbose"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise _fail(name, value, "must be true or false", f"{name}: true")
+        kinds = [self.monitor_type] if isinstance(self.monitor_type, str) else self.monitor_type
+        if not isinstance(kinds, list | tuple) or not kinds:
+            raise _fail("monitor_type", self.monitor_type, "must be a name or a list", "'summary'")
+        for kind in kinds:
+            if kind not in MONITOR_TYPES:
+                close = difflib.get_close_matches(str(kind), MONITOR_TYPES, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _fail(
+                    "monitor_type",
+                    kind,
+                    f"unknown type{hint}; use one of {MONITOR_TYPES}",
+                    "'summary'",
+                )
+        li = self.log_interval
+        if isinstance(li, bool) or not isinstance(li, int) or li <= 0:
+            raise _fail("log_interval", li, "must be a whole number >= 1", "log_interval: 10")
+        if not isinstance(self.track_metrics, list | tuple) or isinstance(self.track_metrics, str):
+            raise _fail(
+                "track_metrics", self.track_metrics, "must be a list", "['loss', 'grad_norm']"
+            )
+        for metric in self.track_metrics:
+            if isinstance(metric, str) and (metric in KNOWN_METRICS):
+                continue
+            if isinstance(metric, str) and "/" in metric:
+                check_tag(metric, "monitor_config.track_metrics[]")
+                continue
+            close = difflib.get_close_matches(str(metric), KNOWN_METRICS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _fail(
+                "track_metrics",
+                metric,
+                f"unknown metric{hint}; known: {', '.join(KNOWN_METRICS)}, or a tag you log "
+                f"yourself ({TAG_RULE})",
+                "['loss', 'grad_norm', 'val/f1']",
+            )
+        self._check_save_dir()
+        for name in ("project_name", "run_name", "model_name"):
+            value = getattr(self, name)
+            if value is None and name != "project_name":
+                continue
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                raise _fail(
+                    name,
+                    value,
+                    "must be ASCII letters, digits, '_', '-' or '.', with no spaces or '/'",
+                    f"{name}: 'gpt2_finetune-01'",
+                )
+        if not isinstance(self.param_targets, list | tuple) or isinstance(self.param_targets, str):
+            raise _fail(
+                "param_targets", self.param_targets, "must be a list of regexes", "['fc.*']"
+            )
+        for pattern in self.param_targets:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as exc:
+                raise _fail(
+                    "param_targets",
+                    pattern,
+                    f"is not a valid regex ({exc})",
+                    "['layers\\\\.0\\\\..*']",
+                ) from exc
+        bs = self.batch_size
+        if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
+            raise _fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")
+        mfs = self.max_file_size
+        if mfs is not None and (isinstance(mfs, bool) or not isinstance(mfs, int) or mfs < 4096):
+            raise _fail(
+                "max_file_size", mfs, "must be bytes >= 4096 or null", "max_file_size: 268435456"
+            )
+        fs = self.flush_secs
+        if isinstance(fs, bool) or not isinstance(fs, int | float) or not 0 < fs <= 1:
+            raise _fail("flush_secs", fs, "must be seconds in (0, 1]", "flush_secs: 1.0")
+        for name in ("alerts", "snapshot"):
+            if not isinstance(getattr(self, name), dict):
+                raise _fail(name, getattr(self, name), "must be a mapping", f"{name}: {{}}")
+        if self.break_on is not None and not isinstance(self.break_on, str):
+            raise _fail(
+                "break_on", self.break_on, "must be an expression string", "'grad_norm > 1e4'"
+            )
+
+    def _check_save_dir(self) -> None:
+        value = self.save_dir
+        if not isinstance(value, str | Path) or not str(value).strip():
+            raise _fail("save_dir", value, "must be a directory path", "save_dir: ./summary")
+        text = str(value)
+        if not text.isascii():
+            raise _fail(
+                "save_dir",
+                text,
+                "holds non-ASCII characters, which some summary viewers cannot load",
+                "save_dir: ./summary",
+            )
+        if any(ch.isspace() for ch in text):
+            raise _fail(
+                "save_dir",
+                text,
+                "holds whitespace, which some summary viewers mishandle",
+                "save_dir: ./my_runs",
+            )
+        self.save_dir = text
+
+
+def run_name_from(params: Mapping[str, Any], model: str = "run", length: int = 8) -> str:
+    """``<model>_<hash>``: the same hyper-parameters always give the same short name."""
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return f"{model}_{hashlib.sha1(blob).hexdigest()[:length]}"

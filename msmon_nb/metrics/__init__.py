@@ -1,0 +1,1 @@
+"""Pure numpy math: norms, tensor statistics, growable series, decimation, smoothing."""

@@ -1,0 +1,403 @@
+"""``Monitor``: one run, fed by any of the three ways in, feeding every output.
+
+The three ways in -- ``mon.step(...)``, ``mon.callback()`` for ``Model.train`` and
+``mon.watch()`` for unchanged functional loops -- all end in ``_record_step``, so they
+produce the same records. A step is *collected* when its index is a multiple of the
+collection frequency; on other steps only a counter moves.
+
+Step boundaries are where the user can act on a running loop: the panel's pause and
+stop, and alert actions, take effect there. ``StopTraining`` (a ``BaseException``, so a
+user's ``except Exception`` does not swallow it) ends a loop cleanly; ``watch()`` and the
+``%%msmonitor`` magic absorb it and the run is marked ``stopped``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from msmon_nb.config import ConfigError, MonitorConfig, check_tag
+from msmon_nb.metrics.series import SeriesStore
+from msmon_nb.rundir import (
+    backup_config,
+    claim_run_dir,
+    default_run_name,
+    environment,
+    write_marker,
+)
+from msmon_nb.sinks.base import Fanout, MonitorWarning, make_sinks
+
+log = logging.getLogger(__name__)
+
+_OPEN: list[Monitor] = []
+
+
+class StopTraining(BaseException):
+    """Raised at a step boundary to end the user's loop (stop button, alert action)."""
+
+
+def active() -> Monitor | None:
+    """The most recently opened monitor that is still open."""
+    return _OPEN[-1] if _OPEN else None
+
+
+_CRASHED: list[bool] = []
+
+
+def _watch_for_crash() -> None:
+    """Chain sys.excepthook once, so a monitor left open at exit knows whether it crashed."""
+    if getattr(sys.excepthook, "_msmon", False):
+        return
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        _CRASHED.append(True)
+        previous(exc_type, exc, tb)
+
+    hook._msmon = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+@atexit.register
+def _close_open_monitors() -> None:
+    for mon in list(_OPEN):
+        mon.close("interrupted" if _CRASHED else None)
+
+
+class Monitor:
+    """Monitor one training run (see the module docstring and README).
+
+    Args:
+        config: a ``MonitorConfig``, a dict, a YAML path, or None for defaults.
+        **overrides: config fields to change, e.g. ``Monitor(save_dir="runs", log_interval=10)``.
+    """
+
+    def __init__(
+        self, config: MonitorConfig | Mapping[str, Any] | str | Path | None = None, **overrides: Any
+    ) -> None:
+        cfg = MonitorConfig.coerce(config)
+        if overrides:
+            cfg = cfg.replace(**overrides)
+        self.config = cfg
+        self.collect_freq = cfg.log_interval
+        self.series = SeriesStore()
+        self.alerts: list[Any] = []
+        self.step_count = 0
+        self.last_step: int | None = None
+        self.status = "created"
+        self.run_dir: Path | None = None
+        self.run_name: str | None = None
+        self.paused = False
+        self._stop_requested = False
+        self._stopped = False
+        self._sinks = Fanout([])
+        self._boundary_hooks: list[Callable[[Monitor], None]] = []
+        self._warned: set[str] = set()
+        self._marker: dict[str, Any] = {}
+        self._t_mark: float | None = None
+        self._steps_since = 0
+        self._samples_since = 0
+        self._attach_reported = False
+        self.enabled = cfg.enable_monitor
+        if self.enabled:
+            try:
+                self._open()
+            except OSError as exc:  # a read-only or missing disk must not stop training
+                self.run_dir = None
+                self.status = "running"
+                self._t_mark = time.perf_counter()
+                _OPEN.append(self)
+                self._warn_once(
+                    "open",
+                    f"cannot create a run in {cfg.save_dir!r} ({exc.strerror or exc}; is it "
+                    "read-only or full?); curves stay live in the notebook but nothing is "
+                    "written to disk",
+                )
+
+    def __repr__(self) -> str:
+        run_dir = str(self.run_dir)
+        return f"Monitor(run_dir={run_dir!r}, status={self.status!r}, steps={self.step_count})"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        cfg = self.config
+        name = cfg.run_name or default_run_name(cfg.model_name)
+        self.run_dir = claim_run_dir(cfg.save_dir, name)
+        self.run_name = self.run_dir.name
+        if cfg.run_name and self.run_name != cfg.run_name:
+            warnings.warn(
+                f"msmon: run {cfg.run_name!r} already exists in {cfg.save_dir}; "
+                f"writing to {self.run_name!r} instead, so runs never mix",
+                MonitorWarning,
+                stacklevel=3,
+            )
+        backup_config(self.run_dir, cfg.to_dict(), getattr(cfg, "_source", None))
+        self._marker = {
+            "run_name": self.run_name,
+            "project_name": cfg.project_name,
+            "status": "running",
+            "start": time.time(),
+            "rank": 0,
+            "config": cfg.to_dict(),
+            **environment(),
+        }
+        write_marker(self.run_dir, self._marker)
+        self._sinks = make_sinks(cfg.sink_types, self.run_dir, config=cfg)
+        self.status = "running"
+        self._t_mark = time.perf_counter()
+        _OPEN.append(self)
+        _watch_for_crash()
+
+    def close(self, status: str | None = None) -> None:
+        """Flush and close every output; mark the run finished, stopped or interrupted."""
+        if self.status not in ("running", "created"):
+            return
+        if status is None:
+            status = "stopped" if self._stopped else "finished"
+        self.status = status
+        if self in _OPEN:
+            _OPEN.remove(self)
+        self._sinks.close()
+        if self.run_dir is None:
+            return
+        self._marker.update(
+            status=status,
+            end=time.time(),
+            steps=self.step_count,
+            last_step=self.last_step,
+            alerts=len(self.alerts),
+            failed_outputs=self._sinks.failed,
+        )
+        try:
+            write_marker(self.run_dir, self._marker)
+        except OSError as exc:
+            if self._sinks.failed:  # the same disk fault was already reported once
+                log.debug("msmon: cannot update the marker of %s: %s", self.run_dir, exc)
+            else:
+                self._warn_once("marker", f"cannot update {self.run_dir}/msmon_run.json: {exc}")
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, StopTraining):
+            self._stopped = True
+            self.close("stopped")
+            return True
+        self.close("interrupted" if exc_type is not None else None)
+        return False
+
+    # --- ways in ------------------------------------------------------------------------
+
+    def step(
+        self,
+        loss: Any = None,
+        grads: Any = None,
+        lr: Any = None,
+        batch_size: int | None = None,
+        step: int | None = None,
+        grad_norm: Any = None,
+        params: Any = None,
+        **metrics: float,
+    ) -> None:
+        """Record one training step (explicit form); MindSpore tensors, numpy or numbers.
+
+        ``grads`` is any nesting of tensors (their global L2 norm is recorded), or pass
+        ``grad_norm`` directly. ``params`` (e.g. ``net.trainable_params()``) enables
+        ``param_stats``. Extra keyword arguments are scalars under their tag, e.g.
+        ``mon.step(loss=l, **{"train/tokens_per_s": 1e4})``.
+        """
+        for tag in metrics:
+            check_tag(tag, "mon.step() metric")
+        if step is not None:
+            self.step_count = int(step)
+        if self._t_mark is None:
+            self._t_mark = time.perf_counter()
+        self._record_step(
+            loss=loss,
+            grads=grads,
+            grad_norm=grad_norm,
+            lr=lr,
+            batch_size=batch_size,
+            params=list(params) if params is not None else None,
+            extra=metrics or None,
+            collect=self.will_collect(self.step_count),
+        )
+        self._boundary(raise_stop=True)
+
+    def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Record extra scalars (``{"val/f1": 0.81}``) at ``step`` (default: the last step)."""
+        for tag in metrics:
+            check_tag(tag, "mon.log() tag")
+        at = step if step is not None else (self.last_step if self.last_step is not None else 0)
+        values = {tag: float(v) for tag, v in metrics.items()}
+        self._emit(int(at), values)
+
+    def callback(self):
+        """A ``mindspore.train.Callback`` that records ``Model.train`` (see README)."""
+        from msmon_nb.collect.callback import MonitorCallback
+
+        return MonitorCallback(self)
+
+    def watch(self):
+        """Context manager that monitors an unchanged functional loop (see ``collect.watch``)."""
+        from msmon_nb.collect.watch import Watch
+
+        return Watch(self)
+
+    # --- controls -----------------------------------------------------------------------
+
+    def set_collect_freq(self, n: int) -> None:
+        """Collect every ``n``-th step from the next step on."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"collect frequency {n!r} must be a whole number >= 1, e.g. 10")
+        self.collect_freq = n
+
+    def will_collect(self, step: int) -> bool:
+        """True when ``step`` is a collected step under the current frequency."""
+        return self.enabled and step % self.collect_freq == 0
+
+    def pause(self) -> None:
+        """Hold the loop at the next step boundary until ``resume()`` or ``stop()``."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Let a paused loop go on."""
+        self.paused = False
+
+    def stop(self) -> None:
+        """End the loop cleanly at the next step boundary; the run is marked stopped."""
+        self._stop_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        """True when a stop waits for the next step boundary."""
+        return self._stop_requested
+
+    def add_boundary_hook(self, hook: Callable[[Monitor], None]) -> None:
+        """Call ``hook(monitor)`` at every step boundary (the panel processes UI events here)."""
+        self._boundary_hooks.append(hook)
+
+    def remove_boundary_hook(self, hook: Callable[[Monitor], None]) -> None:
+        """Undo ``add_boundary_hook``."""
+        if hook in self._boundary_hooks:
+            self._boundary_hooks.remove(hook)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _attached(self, how: str) -> None:
+        if self.config.verbose and not self._attach_reported:
+            self._attach_reported = True
+            print(
+                f"msmon: monitoring via {how} -> {self.run_dir} (every {self.collect_freq} steps)"
+            )
+
+    def _mark_step_start(self) -> None:
+        if self._t_mark is None:
+            self._t_mark = time.perf_counter()
+
+    def _record_step(
+        self,
+        *,
+        loss: Any = None,
+        grads: Any = None,
+        grad_norm: Any = None,
+        lr: Any = None,
+        batch_size: int | None = None,
+        global_step: int | None = None,
+        params: list | None = None,
+        extra: Mapping[str, float] | None = None,
+        collect: bool,
+    ) -> None:
+        """Count a finished step; on collected steps compute and emit its scalars."""
+        step = self.step_count
+        self.step_count = step + 1
+        self.last_step = step
+        self._steps_since += 1
+        self._samples_since += batch_size or self.config.batch_size or 0
+        if not collect:
+            return
+        now = time.perf_counter()
+        step_time = (now - self._t_mark) / self._steps_since if self._t_mark is not None else None
+        samples = self._samples_since
+        from msmon_nb.collect.values import step_values
+
+        values = self._guard(
+            "collecting step values",
+            step_values,
+            self.config,
+            loss=loss,
+            grads=grads,
+            grad_norm=grad_norm,
+            lr=lr,
+            global_step=step if global_step is None else global_step,
+            step_time=step_time,
+            samples=int(samples),
+            params=params,
+        )
+        self._t_mark = time.perf_counter()
+        self._steps_since = 0
+        self._samples_since = 0
+        if values is None:
+            return
+        if extra:
+            values.update({tag: float(v) for tag, v in extra.items()})
+        self._emit(step, values)
+
+    def _emit(self, step: int, values: Mapping[str, float]) -> None:
+        if not values:
+            return
+        wall = time.time()
+        self.series.add(step, wall, values)
+        self._sinks.scalars(step, wall, values)
+
+    def _boundary(self, raise_stop: bool) -> bool:
+        """Run the step-boundary controls; returns True when the loop must stop."""
+        for hook in list(self._boundary_hooks):
+            self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
+        while self.paused and not self._stop_requested:
+            for hook in list(self._boundary_hooks):
+                self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
+            time.sleep(0.05)
+        if self._stop_requested:
+            self._stop_requested = False
+            self._stopped = True
+            if raise_stop:
+                raise StopTraining(f"msmon: stopped at step {self.last_step}")
+            return True
+        return False
+
+    def _guarded_finish(self, fn: Callable[[], None], raise_stop: bool) -> None:
+        try:
+            fn()
+        except StopTraining:
+            if raise_stop:
+                raise
+
+    def _guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run monitoring code; on failure warn once and carry on (training must not die)."""
+        try:
+            return fn(*args, **kwargs)
+        except StopTraining:
+            raise
+        except Exception as exc:
+            self._warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); training goes on")
+            log.debug("msmon: %s failed", what, exc_info=True)
+            return None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=3)
+
+    def flush(self) -> None:
+        """Push everything recorded so far to disk."""
+        self._sinks.flush()
