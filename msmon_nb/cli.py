@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _age(seconds: float | None) -> str:
@@ -78,6 +79,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"lr peak {lr.values.max():.3g}"
     )
     print(f"list runs: msmon runs {args.dir}")
+    if args.no_view:
+        return 0
+    from msmon_nb.viewer.server import serve
+
+    return serve(args.dir, port=8080, any_port_if_taken=True)
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: use 0..65535 (0 = any free)")
+    return port
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the web viewer over a summary base dir until Ctrl-C."""
+    from msmon_nb.viewer.server import serve
+
+    return serve(args.base, host=args.host, port=args.port)
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """Delete old runs under a base dir, safely."""
+    from msmon_nb.clean import main as clean_main
+
+    return clean_main(args)
+
+
+def cmd_vscode_init(args: argparse.Namespace) -> int:
+    """Copy msmon's VSCode tasks, launch configs and settings into a project."""
+    from msmon_nb.vscode_init import init
+
+    return init(args.dir)
+
+
+def cmd_kernel_install(args: argparse.Namespace) -> int:
+    """Register the current interpreter as a Jupyter kernel, so VSCode/Jupyter can pick it."""
+    from ipykernel.kernelspec import install
+
+    display = args.display_name or f"Python (msmon_nb, {Path(sys.prefix).name})"
+    path = install(user=True, kernel_name=args.name, display_name=display)
+    print(f"installed kernel {args.name!r} ({display}) for {sys.executable} in {path}")
     return 0
 
 
@@ -98,6 +141,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default="./summary", help="summary base dir (default ./summary)")
     p.add_argument("--no-view", action="store_true", help="do not start the viewer afterwards")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("view", help="serve the web viewer over a summary base dir")
+    p.add_argument("base", help="summary base dir, e.g. ./summary")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
+    p.set_defaults(func=cmd_view)
+
+    p = sub.add_parser("clean", help="delete old runs under a summary base dir, safely")
+    p.add_argument("base", help="summary base dir, e.g. ./summary")
+    p.add_argument(
+        "--older-than", metavar="AGE", help="only runs last written before AGE ago: 3d, 12h, 30m"
+    )
+    p.add_argument("--keep", type=int, metavar="N", help="always keep the N newest runs")
+    p.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
+    p.add_argument("--yes", action="store_true", help="do not ask before deleting")
+    p.add_argument("--force", action="store_true", help="also delete runs still being written")
+    p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("vscode", help="VSCode integration")
+    vsub = p.add_subparsers(dest="vscode_command", required=True)
+    v = vsub.add_parser("init", help="add msmon tasks/launch configs to DIR/.vscode")
+    v.add_argument("dir", nargs="?", default=".", help="project dir (default: current dir)")
+    v.set_defaults(func=cmd_vscode_init)
+
+    p = sub.add_parser("kernel", help="Jupyter kernel for this environment")
+    ksub = p.add_subparsers(dest="kernel_command", required=True)
+    k = ksub.add_parser("install", help="register this interpreter as a Jupyter kernel (user)")
+    k.add_argument("--name", default="msmon", help="kernel name (default msmon)")
+    k.add_argument(
+        "--display-name", default=None, help="name shown in Jupyter/VSCode (default: with the venv)"
+    )
+    k.set_defaults(func=cmd_kernel_install)
     return parser
 
 

@@ -11,7 +11,10 @@ While active it observes, for objects created before or after it began:
   ends when the optimizer returns; the learning rate is read just before the update;
 * ``mindspore.common.api._JitExecutor.__call__`` -- a step compiled with ``mindspore.jit``
   hides its insides; its returned loss is recorded, and ``grad_norm`` when it returns
-  ``(loss, mm.global_norm(grads), ...)``.
+  ``(loss, mm.global_norm(grads), ...)``;
+* ``mindspore.train.Model.train`` (when ``use_callback`` is on) -- the monitor's callback
+  is added to the call's callbacks, and the hooks above stay quiet inside it so its
+  steps are counted once.
 
 When no optimizer call is ever seen (a jit step, a hand-written update), each call of a
 grad function or jit step is one step, finished when the next begins or the watch ends.
@@ -48,6 +51,8 @@ class Watch:
         self._in_opt = 0
         self._in_jit = 0
         self._in_forward = 0
+        self._in_model = 0
+        self._callback: Any = None
         self.batch_size: int | None = None
 
     def _reset(self) -> None:
@@ -73,8 +78,13 @@ class Watch:
         orig_backward = base._pynative_func_grad_backward
         cell_call = nn.Cell.__call__
         jit_call = api._JitExecutor.__call__
+        from mindspore.train import Model
+
+        model_train = Model.train
 
         def forward_run(fn, sens_param, *args, **kwargs):
+            if watch._in_model:
+                return orig_forward(fn, sens_param, *args, **kwargs)
             if watch._in_jit == 0 and watch._in_opt == 0 and not watch._in_forward:
                 watch._begin_unit()
             watch._in_forward += 1
@@ -92,12 +102,12 @@ class Watch:
 
         def grad_backward(fn, grad_op, weights, grad_position, has_aux, *run_args):
             out = orig_backward(fn, grad_op, weights, grad_position, has_aux, *run_args)
-            if watch.collect:
+            if watch.collect and not watch._in_model:
                 watch.grads = out
             return out
 
         def optimizer_call(opt, *args, **kwargs):
-            if watch._in_opt:
+            if watch._in_opt or watch._in_model:
                 return cell_call(opt, *args, **kwargs)
             watch._in_opt += 1
             try:
@@ -114,7 +124,7 @@ class Watch:
             return out
 
         def jit_executor_call(executor, *args, **kwargs):
-            if watch._in_jit or watch._in_opt:
+            if watch._in_jit or watch._in_opt or watch._in_model:
                 return jit_call(executor, *args, **kwargs)
             watch._begin_unit()
             watch._in_jit += 1
@@ -132,6 +142,20 @@ class Watch:
         self._patch(base, "_pynative_func_grad_backward", grad_backward)
         self._patch(nn.Optimizer, "__call__", optimizer_call)
         self._patch(api._JitExecutor, "__call__", jit_executor_call)
+        if self.monitor.config.use_callback:
+
+            def train(model, *args, **kwargs):
+                if len(args) >= 3:  # train(epoch, dataset, callbacks, ...)
+                    args = (*args[:2], watch._with_callback(args[2]), *args[3:])
+                else:
+                    kwargs["callbacks"] = watch._with_callback(kwargs.get("callbacks"))
+                watch._in_model += 1
+                try:
+                    return model_train(model, *args, **kwargs)
+                finally:
+                    watch._in_model -= 1
+
+            self._patch(Model, "train", train)
         _ACTIVE.append(self)
         self.monitor._attached("watch")
         return self
@@ -157,6 +181,22 @@ class Watch:
         from msmon_nb.monitor import StopTraining
 
         return exc_type is not None and issubclass(exc_type, StopTraining)
+
+    def _with_callback(self, callbacks: Any) -> list:
+        """The user's callbacks plus the monitor's (once)."""
+        from msmon_nb.collect.callback import MonitorCallback
+
+        if callbacks is None:
+            items = []
+        elif isinstance(callbacks, list | tuple):
+            items = list(callbacks)
+        else:
+            items = [callbacks]
+        if any(isinstance(cb, MonitorCallback) for cb in items):
+            return items
+        if self._callback is None:
+            self._callback = self.monitor.callback()
+        return [*items, self._callback]
 
     # --- step bookkeeping ---------------------------------------------------------------
 

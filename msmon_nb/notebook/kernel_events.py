@@ -1,0 +1,96 @@
+"""Process widget messages while a cell is still running.
+
+The kernel runs a cell on its main thread; shell messages that arrive meanwhile -- a
+button click is a ``comm_msg`` -- wait until the cell ends, which is too late for a
+pause or stop button. ``jupyter-ui-poll`` solves this for ipykernel 6 by calling
+``kernel.do_one_iteration()``; ipykernel 7 has no such method (jupyter-ui-poll 1.1.0
+then silently does nothing, we checked): there, a shell-channel thread forwards every
+shell message to the main thread through an inproc ZMQ socket pair. ``KernelEventPump``
+reads that socket without blocking at each step boundary:
+
+* ``comm_open``/``comm_msg``/``comm_close`` are handled at once by the kernel's own
+  handlers, with the message set as parent while its handler runs and the running
+  cell's parent restored afterwards, so the cell's output stays in its cell;
+* anything else (a queued ``execute_request``, completion requests...) is handed back
+  to the kernel's IO loop in arrival order and runs after the cell, as it would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
+
+
+class KernelEventPump:
+    """Handles pending comm messages of an ipykernel 7 kernel; see the module docstring."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        manager = kernel.shell_channel_thread.manager
+        self.socket = manager._shell_channel_to_main.to_socket
+        self.reply_stream = manager.get_subshell_to_shell_channel_socket(None)
+        from tornado.ioloop import IOLoop
+
+        self.io_loop = IOLoop.current()
+        self.handled = 0
+        self.deferred = 0
+
+    @classmethod
+    def for_current_kernel(cls) -> KernelEventPump | None:
+        """A pump for the running IPython kernel, or None outside one (or on ipykernel 6)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return None
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        manager = getattr(getattr(kernel, "shell_channel_thread", None), "manager", None)
+        if manager is None or not hasattr(manager, "_shell_channel_to_main"):
+            return None
+        return cls(kernel)
+
+    def _parent(self) -> tuple[Any, Any]:
+        kernel = self.kernel
+        ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
+        return ident, kernel.get_parent("shell")
+
+    def pump(self, limit: int = 100) -> int:
+        """Handle up to ``limit`` pending messages; returns how many comm messages ran."""
+        import zmq
+
+        kernel = self.kernel
+        session = kernel.session
+        ran = 0
+        saved = None
+        try:
+            for _ in range(limit):
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                idents, body = session.feed_identities(frames, copy=False)
+                header = session.deserialize(body, content=False, copy=False)["header"]
+                if header.get("msg_type") not in COMM_TYPES:
+                    # runs after the cell, in arrival order, exactly as without us
+                    self.io_loop.add_callback(partial(kernel.shell_main, None, frames))
+                    self.deferred += 1
+                    continue
+                _, body = session.feed_identities(frames, copy=False)
+                msg = session.deserialize(body, content=True, copy=False)
+                if saved is None:
+                    saved = self._parent()
+                kernel.set_parent(idents, msg, channel="shell")
+                handler = kernel.shell_handlers.get(msg["header"]["msg_type"])
+                if handler is not None:
+                    handler(self.reply_stream, idents, msg)
+                ran += 1
+        finally:
+            if saved is not None:
+                kernel.set_parent(saved[0], saved[1], channel="shell")
+        self.handled += ran
+        return ran
