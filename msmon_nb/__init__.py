@@ -22,6 +22,7 @@ _LAZY = {
     "ConfigError": "msmon_nb.config",
     "run_name_from": "msmon_nb.config",
     "global_norm": "msmon_nb.collect.graph",
+    "snapshot": "msmon_nb.monitor",
     "last_run": "msmon_nb.notebook",
     "show": "msmon_nb.notebook",
 }
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
         load_runs,
         read_events,
     )
-    from msmon_nb.monitor import Monitor, StopTraining  # noqa: F401
+    from msmon_nb.monitor import Monitor, StopTraining, snapshot  # noqa: F401
     from msmon_nb.notebook import last_run, show  # noqa: F401
 
 __all__ = sorted(_LAZY)

@@ -278,10 +278,59 @@ class MonitorConfig:
         for name in ("alerts", "snapshot"):
             if not isinstance(getattr(self, name), dict):
                 raise _fail(name, getattr(self, name), "must be a mapping", f"{name}: {{}}")
-        if self.break_on is not None and not isinstance(self.break_on, str):
-            raise _fail(
-                "break_on", self.break_on, "must be an expression string", "'grad_norm > 1e4'"
-            )
+        if self.break_on is not None:
+            from msmon_nb.expr import ExpressionError, compile_expression
+
+            if not isinstance(self.break_on, str):
+                raise _fail(
+                    "break_on", self.break_on, "must be an expression string", "'grad_norm > 1e4'"
+                )
+            try:
+                compile_expression(self.break_on)
+            except ExpressionError as exc:
+                raise ConfigError(f"monitor_config.{exc}") from None
+        self._check_snapshot()
+        if self.alerts:
+            from msmon_nb.diagnose.settings import resolve_settings
+
+            resolve_settings(self.alerts)
+
+    def _check_snapshot(self) -> None:
+        snap = self.snapshot
+        known = {"on": ("never", "alert"), "keep": int, "max_raw": int, "targets": list}
+        for key, value in snap.items():
+            if key not in known:
+                close = difflib.get_close_matches(str(key), list(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise _fail(
+                    f"snapshot.{key}",
+                    value,
+                    f"unknown key{hint}",
+                    "snapshot: {on: alert, keep: 20}",
+                )
+        on = snap.get("on", "never")
+        if on not in ("never", "alert"):
+            raise _fail("snapshot.on", on, "must be 'alert' or 'never'", "snapshot: {on: alert}")
+        for key in ("keep", "max_raw"):
+            value = snap.get(key)
+            minimum = 1 if key == "keep" else 0
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            ):
+                raise _fail(
+                    f"snapshot.{key}", value, f"must be a whole number >= {minimum}", f"{key}: 20"
+                )
+        targets = snap.get("targets")
+        if targets is not None:
+            if not isinstance(targets, list):
+                raise _fail("snapshot.targets", targets, "must be a list of regexes", "['fc.*']")
+            for pattern in targets:
+                try:
+                    re.compile(pattern)
+                except (re.error, TypeError) as exc:
+                    raise _fail(
+                        "snapshot.targets", pattern, f"is not a valid regex ({exc})", "['fc.*']"
+                    ) from exc
 
     def _check_save_dir(self) -> None:
         value = self.save_dir

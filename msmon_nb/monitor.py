@@ -47,6 +47,17 @@ def active() -> Monitor | None:
     return _OPEN[-1] if _OPEN else None
 
 
+def snapshot(tensors: Any = None, step: int | None = None, reason: str = "manual"):
+    """``mon.snapshot(...)`` on the active monitor: handy from a breakpoint or debug console."""
+    mon = active()
+    if mon is None:
+        raise ConfigError(
+            "mm.snapshot(): no monitor is active; call it while a monitored loop runs "
+            "(%%msmonitor cell, `with Monitor(...)`), or use mon.snapshot(...)"
+        )
+    return mon.snapshot(tensors, step=step, reason=reason)
+
+
 _CRASHED: list[bool] = []
 
 
@@ -88,6 +99,7 @@ class Monitor:
         self.collect_freq = cfg.log_interval
         self.series = SeriesStore()
         self.alerts: list[Any] = []
+        self.snapshots: list[dict[str, Any]] = []
         self.step_count = 0
         self.last_step: int | None = None
         self.status = "created"
@@ -105,6 +117,7 @@ class Monitor:
         self._samples_since = 0
         self._attach_reported = False
         self.enabled = cfg.enable_monitor
+        self._actions: Any = None
         if self.enabled:
             try:
                 self._open()
@@ -119,6 +132,9 @@ class Monitor:
                     "read-only or full?); curves stay live in the notebook but nothing is "
                     "written to disk",
                 )
+            from msmon_nb.actions import Actions
+
+            self._actions = Actions(self)
 
     def __repr__(self) -> str:
         run_dir = str(self.run_dir)
@@ -240,6 +256,20 @@ class Monitor:
         values = {tag: float(v) for tag, v in metrics.items()}
         self._emit(int(at), values)
 
+    def snapshot(
+        self, tensors: Any = None, step: int | None = None, reason: str = "manual"
+    ) -> list[dict[str, Any]]:
+        """Record a step-level summary of ``tensors`` into the run and return it.
+
+        ``tensors``: a dict name -> tensor, a list of Parameters, a Cell, or None for the
+        watched optimizer's parameters and their last gradients. For each: shape, dtype,
+        min, max, mean, std, norm, NaN/Inf counts, zero share, a histogram, and the raw
+        values when small (``snapshot.max_raw`` elements, default 4096).
+        """
+        if self._actions is None:
+            raise ConfigError("snapshot(): this monitor is disabled (enable_monitor: false)")
+        return self._actions.snapshot(tensors, step=step, reason=reason)
+
     def callback(self):
         """A ``mindspore.train.Callback`` that records ``Model.train`` (see README)."""
         from msmon_nb.collect.callback import MonitorCallback
@@ -345,6 +375,8 @@ class Monitor:
         self._t_mark = time.perf_counter()
         self._steps_since = 0
         self._samples_since = 0
+        if self._actions is not None and (params is not None or grads is not None):
+            self._guard("keeping step tensors", self._actions.tensors, step, params, grads)
         if values is None:
             return
         if extra:
@@ -357,9 +389,13 @@ class Monitor:
         wall = time.time()
         self.series.add(step, wall, values)
         self._sinks.scalars(step, wall, values)
+        if self._actions is not None:
+            self._guard("diagnosing", self._actions.observe, step, dict(values))
 
     def _boundary(self, raise_stop: bool) -> bool:
         """Run the step-boundary controls; returns True when the loop must stop."""
+        if self._actions is not None and self._actions.pending_debug is not None:
+            self._actions.at_boundary()  # a debugger session is the user's: not guarded
         for hook in list(self._boundary_hooks):
             self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
         while self.paused and not self._stop_requested:
