@@ -115,6 +115,8 @@ class Monitor:
         self._t_mark: float | None = None
         self._steps_since = 0
         self._samples_since = 0
+        self._data_secs = 0.0  # summed since the last collected step, when the way in knows
+        self._compute_secs = 0.0
         self._attach_reported = False
         self.enabled = cfg.enable_monitor
         self._actions: Any = None
@@ -333,6 +335,11 @@ class Monitor:
         if self._t_mark is None:
             self._t_mark = time.perf_counter()
 
+    def _add_timing(self, data_secs: float, compute_secs: float) -> None:
+        """Where the step's time went: waiting for the next batch, or computing."""
+        self._data_secs += max(0.0, data_secs)
+        self._compute_secs += max(0.0, compute_secs)
+
     def _record_step(
         self,
         *,
@@ -372,9 +379,13 @@ class Monitor:
             samples=int(samples),
             params=params,
         )
+        if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
+            values["train/data_time"] = self._data_secs / self._steps_since
+            values["train/compute_time"] = self._compute_secs / self._steps_since
         self._t_mark = time.perf_counter()
         self._steps_since = 0
         self._samples_since = 0
+        self._data_secs = self._compute_secs = 0.0
         if self._actions is not None and (params is not None or grads is not None):
             self._guard("keeping step tensors", self._actions.tensors, step, params, grads)
         if values is None:

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
+from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import read_lr
+from msmon_nb.config import suggest_tag
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -37,13 +39,15 @@ class MonitorCallback(Callback):
         self.batch_size: int | None = None
         self._collect = False
         self._lr: float | None = None
+        self._t_begin: float | None = None
+        self._t_end: float | None = None  # end of the previous step, after our own work
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
         cb = run_context.original_args()
-        network = cb.train_network
-        self.optimizer = cb.optimizer or getattr(network, "optimizer", None)
-        dataset = cb.train_dataset
+        network = cb.get("train_network")
+        self.optimizer = cb.get("optimizer") or getattr(network, "optimizer", None)
+        dataset = cb.get("train_dataset")
         if dataset is not None and self.batch_size is None:
             self.batch_size = mon._guard("reading the batch size", dataset.get_batch_size)
         if mon.config.tracks("grad_norm") and self.tap is None:
@@ -58,8 +62,10 @@ class MonitorCallback(Callback):
                 )
         mon._attached("Model.train callback")
         mon._t_mark = time.perf_counter()
+        self._t_end = None
 
     def on_train_step_begin(self, run_context: Any) -> None:
+        self._t_begin = time.perf_counter()
         mon = self.monitor
         step = int(run_context.original_args().cur_step_num)
         mon.step_count = step
@@ -71,6 +77,10 @@ class MonitorCallback(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         mon = self.monitor
         cb = run_context.original_args()
+        now = time.perf_counter()
+        if self._t_begin is not None:
+            waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
+            mon._add_timing(waited, now - self._t_begin)
         collect = self._collect
         mon._record_step(
             loss=cb.net_outputs if collect else None,
@@ -85,6 +95,22 @@ class MonitorCallback(Callback):
         )
         if mon._boundary(raise_stop=False):
             run_context.request_stop()
+        self._t_end = time.perf_counter()
+
+    def on_eval_end(self, run_context: Any) -> None:
+        """Metrics MindSpore computed on the validation set, as ``val/<name>``."""
+        cb = run_context.original_args()
+        # cb_params is a dict whose __getattr__ raises KeyError for absent keys
+        results = cb.get("eval_results") or cb.get("metrics") or {}
+        values = {}
+        for name, value in results.items():
+            number = to_float(value) if not isinstance(value, dict) else None
+            if number is not None:
+                tag = "val/loss" if name == "eval_loss" else f"val/{suggest_tag(str(name))}"
+                values[tag] = number
+        mon = self.monitor
+        if values:
+            mon._guard("recording validation metrics", mon.log, values)
 
     def on_train_end(self, run_context: Any) -> None:
         self.monitor._guard("flushing", self.monitor.flush)

@@ -24,6 +24,7 @@ collected the hooks keep no tensors and read nothing from the device.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors
@@ -53,6 +54,8 @@ class Watch:
         self._in_forward = 0
         self._in_model = 0
         self._callback: Any = None
+        self._t_begin: float | None = None
+        self._t_end: float | None = None
         self.batch_size: int | None = None
 
     def _reset(self) -> None:
@@ -79,8 +82,6 @@ class Watch:
         cell_call = nn.Cell.__call__
         jit_call = api._JitExecutor.__call__
         from mindspore.train import Model
-
-        model_train = Model.train
 
         def forward_run(fn, sens_param, *args, **kwargs):
             if watch._in_model:
@@ -143,19 +144,10 @@ class Watch:
         self._patch(nn.Optimizer, "__call__", optimizer_call)
         self._patch(api._JitExecutor, "__call__", jit_executor_call)
         if self.monitor.config.use_callback:
-
-            def train(model, *args, **kwargs):
-                if len(args) >= 3:  # train(epoch, dataset, callbacks, ...)
-                    args = (*args[:2], watch._with_callback(args[2]), *args[3:])
-                else:
-                    kwargs["callbacks"] = watch._with_callback(kwargs.get("callbacks"))
-                watch._in_model += 1
-                try:
-                    return model_train(model, *args, **kwargs)
-                finally:
-                    watch._in_model -= 1
-
-            self._patch(Model, "train", train)
+            # where `callbacks` sits: train(epoch, dataset, callbacks, ...), eval(dataset,
+            # callbacks), fit(epoch, dataset, valid_dataset, valid_frequency, callbacks, ...)
+            for name, index in (("train", 2), ("fit", 4), ("eval", 1)):
+                self._patch(Model, name, self._with_callback_kw(getattr(Model, name), index))
         _ACTIVE.append(self)
         self.monitor._attached("watch")
         return self
@@ -181,6 +173,24 @@ class Watch:
         from msmon_nb.monitor import StopTraining
 
         return exc_type is not None and issubclass(exc_type, StopTraining)
+
+    def _with_callback_kw(self, method: Any, callbacks_index: int) -> Any:
+        """``method`` with the monitor's callback added (positional or keyword)."""
+        watch = self
+
+        def wrapped(model, *args, **kwargs):
+            if len(args) > callbacks_index:
+                i = callbacks_index
+                args = (*args[:i], watch._with_callback(args[i]), *args[i + 1 :])
+            else:
+                kwargs["callbacks"] = watch._with_callback(kwargs.get("callbacks"))
+            watch._in_model += 1
+            try:
+                return method(model, *args, **kwargs)
+            finally:
+                watch._in_model -= 1
+
+        return wrapped
 
     def _with_callback(self, callbacks: Any) -> list:
         """The user's callbacks plus the monitor's (once)."""
@@ -220,6 +230,7 @@ class Watch:
         self.pending = True
         self.collect = monitor.will_collect(monitor.step_count)
         monitor._mark_step_start()
+        self._t_begin = time.perf_counter()
 
     def _record_pending(self) -> None:
         self.pending = False
@@ -241,6 +252,11 @@ class Watch:
         """Record the step that just ended, then run the step-boundary controls."""
         self.pending = False
         monitor = self.monitor
+        now = time.perf_counter()
+        if self._t_begin is not None:
+            waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
+            monitor._add_timing(waited, now - self._t_begin)
+            self._t_begin = None
         if self.collect:
             grads = self.grads if self.grads is not None else opt_grads
             global_step = None
@@ -262,7 +278,10 @@ class Watch:
             monitor._record_step(batch_size=self.batch_size, collect=False)
         self._reset()
         self.collect = monitor.will_collect(monitor.step_count)
-        monitor._boundary(raise_stop=True)
+        try:
+            monitor._boundary(raise_stop=True)
+        finally:
+            self._t_end = time.perf_counter()  # our own boundary work is not data time
 
 
 def active_watch() -> Watch | None:
