@@ -114,6 +114,19 @@ def cmd_vscode_init(args: argparse.Namespace) -> int:
     return init(args.dir)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Stream a run's scalar points into another format."""
+    from msmon_nb.export import export, progress_printer
+
+    try:
+        count = export(args.run_dir, args.fmt, args.out, progress=progress_printer())
+    except FileNotFoundError as exc:
+        print(f"msmon export: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {count} points from {args.run_dir} to {args.out} ({args.fmt})")
+    return 0
+
+
 def cmd_kernel_install(args: argparse.Namespace) -> int:
     """Register the current interpreter as a Jupyter kernel, so VSCode/Jupyter can pick it."""
     from ipykernel.kernelspec import install
@@ -164,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     v = vsub.add_parser("init", help="add msmon tasks/launch configs to DIR/.vscode")
     v.add_argument("dir", nargs="?", default=".", help="project dir (default: current dir)")
     v.set_defaults(func=cmd_vscode_init)
+
+    p = sub.add_parser("export", help="write a run's scalars as CSV, JSON lines or tfevents")
+    p.add_argument("run_dir", help="the run to export")
+    p.add_argument("--to", required=True, choices=("csv", "jsonl", "tensorboard"), dest="fmt")
+    p.add_argument("out", help="output file (csv, jsonl) or directory (tensorboard)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("kernel", help="Jupyter kernel for this environment")
     ksub = p.add_subparsers(dest="kernel_command", required=True)

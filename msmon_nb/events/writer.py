@@ -84,7 +84,9 @@ class EventWriter:
         max_file_size: start a new file (with its own version record) before a file would
             exceed this many bytes; ``None`` for no limit.
         flush_secs: longest time a record waits in memory before it reaches the OS.
-        max_queue_bytes, block_secs: the queue bound, see the module docstring.
+        max_queue_bytes, block_secs: the queue bound, see the module docstring;
+            ``block_secs=None`` waits as long as it takes and never drops (for tools that
+            write existing data, like ``msmon export``, rather than a training loop).
         flavor: ``mindspore`` (default) or ``tensorboard`` (tfevents files, scalars only).
     """
 
@@ -97,7 +99,7 @@ class EventWriter:
         flush_secs: float = 1.0,
         poll_secs: float = 0.05,
         max_queue_bytes: int = 64 * 2**20,
-        block_secs: float = 2.0,
+        block_secs: float | None = 2.0,
         suffix: str = DEFAULT_SUFFIX,
         flavor: str = "mindspore",
         clock=time.time,
@@ -187,9 +189,9 @@ class EventWriter:
             self._queue.append((cost, item))
 
     def _wait_room(self, cost: int) -> bool:
-        deadline = time.monotonic() + self.block_secs
+        deadline = None if self.block_secs is None else time.monotonic() + self.block_secs
         self._wake.set()
-        while time.monotonic() < deadline:
+        while deadline is None or time.monotonic() < deadline:
             if self._bytes_in - self._bytes_out + cost <= self.max_queue_bytes:
                 return True
             if self._error is not None:
@@ -396,6 +398,7 @@ def write_scalar_series(
     logdir: str | os.PathLike[str], series: Iterable[tuple[int, Mapping[str, float]]], **kw
 ) -> list[Path]:
     """Write ``(step, {tag: value})`` pairs to a new file in ``logdir``; returns its files."""
+    kw.setdefault("block_secs", None)
     with EventWriter(logdir, **kw) as writer:
         for step, values in series:
             writer.add_scalars(step, values)

@@ -1,0 +1,85 @@
+"""``Alert``: what a rule found, when it was confirmed and when it began.
+
+An alert carries two steps because the question users need answered is *when did it
+start*: a vanishing gradient confirmed after three collected steps began at the first of
+them, an explosion confirmed at step 130 left its normal band at step 128. ``step`` is
+when the rule became sure; ``since_step`` is the onset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+SEVERITIES = ("warning", "critical")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One anomaly, reported once while it lasts (see ``Diagnoser.update``)."""
+
+    step: int
+    kind: str
+    severity: str
+    message: str
+    since_step: int
+    tag: str = ""
+    value: float | None = None
+    rank: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data; a NaN or Inf ``value`` becomes the string 'nan'/'inf'/'-inf'.
+
+        Strict JSON has no NaN, and the NaN alert is the one whose value matters most, so
+        it is spelled out rather than dropped.
+        """
+        value: float | str | None = self.value
+        if value is not None and not math.isfinite(value):
+            value = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "severity": self.severity,
+            "message": self.message,
+            "since_step": self.since_step,
+            "tag": self.tag,
+            "value": value,
+            "rank": self.rank,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Alert:
+        """Inverse of ``to_dict`` (for alerts read back from a run on disk)."""
+        value = data.get("value")
+        rank = data.get("rank")
+        return cls(
+            step=int(data["step"]),
+            kind=str(data["kind"]),
+            severity=str(data["severity"]),
+            message=str(data["message"]),
+            since_step=int(data["since_step"]),
+            tag=str(data.get("tag", "")),
+            value=None if value is None else float(value),
+            rank=None if rank is None else int(rank),
+        )
+
+
+def fmt(value: float) -> str:
+    """A short human spelling of a number: 3.2e6, 0.043, 1e-5, 12, nan."""
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value == 0:
+        return "0"
+    text = f"{value:.2g}"
+    if "e" in text:
+        mantissa, exp = text.split("e")
+        return f"{mantissa}e{int(exp)}"
+    return text
+
+
+def fmt_ratio(ratio: float) -> str:
+    """'x12', 'x1e4': how many times larger, in the form used by every message."""
+    if ratio < 100 and math.isfinite(ratio):
+        return f"x{ratio:.0f}" if ratio >= 10 else f"x{ratio:.1f}"
+    return "x" + fmt(ratio)

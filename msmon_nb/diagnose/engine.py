@@ -1,0 +1,176 @@
+"""``Diagnoser``: every enabled rule, evaluated incrementally once per collected step.
+
+Each rule keeps O(window) state (ring buffers and running statistics), so a step costs
+the same at step 10 and at step 10 million; ``bench/diagnose.py`` measures it. The
+engine reports an anomaly once, when it starts, and again only after the rule saw it
+clear and it came back.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
+from msmon_nb.diagnose.settings import resolve_settings
+from msmon_nb.diagnose.stream import MetricMissing, NonFinite, StepOrder
+
+
+class Diagnoser:
+    """Alert rules over a live run's scalars (see the package docstring for the contract).
+
+    Args:
+        settings: ``monitor_config.alerts`` (validated here too; ``ConfigError`` on a bad
+            value), or None for the defaults.
+        tracked: ``monitor_config.track_metrics``. Entries that are tags (contain '/',
+            e.g. 'val/f1') are watched by ``metric_missing``; bare core names ('loss',
+            'grad_norm') are ignored, because whether the monitor can produce those
+            depends on the way in (an explicit ``mon.step(loss=...)`` has no grads).
+        rank: stamped on every alert (distributed runs).
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        tracked: Iterable[str] | None = None,
+        *,
+        rank: int | None = None,
+    ) -> None:
+        self.settings: dict[str, Any] = resolve_settings(settings)
+        self.rank = rank
+        disabled = set(self.settings["disabled"])
+        # tag -> ([(kind, rule)...], NonFinite | None): one lookup per tag per step
+        routes: dict[str, tuple[list[tuple[str, Any]], NonFinite | None]] = {}
+        shared: dict = {}
+        for kind in SERIES_RULES:
+            params = self.settings[kind]
+            if kind in disabled or (kind == "lr_decay" and params["expect_by"] is None):
+                continue
+            rules, _ = routes.setdefault(params["tag"], ([], None))
+            rules.append((kind, make_rule(kind, params, shared)))
+        if "nonfinite" not in disabled:
+            patience = self.settings["nonfinite"]["patience"]
+            for tag in self.settings["nonfinite"]["tags"]:
+                rules, _ = routes.get(tag, ([], None))
+                routes[tag] = (rules, NonFinite(tag=tag, patience=patience))
+        self._routes = routes
+        self._order = StepOrder() if "step_order" not in disabled else None
+        tags = [t for t in (tracked or ()) if "/" in t]
+        self._missing = (
+            MetricMissing(tags=tags, patience=self.settings["metric_missing"]["patience"])
+            if tags and "metric_missing" not in disabled
+            else None
+        )
+        # (kind, tag) -> its latest alert and whether that anomaly is still going on
+        self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
+
+    def action(self, kind: str) -> str:
+        """What the monitor should do for an alert of ``kind``: warn|snapshot|stop|debug."""
+        return self.settings[kind]["action"]
+
+    def update(self, step: int, values: Mapping[str, float]) -> list[Alert]:
+        """Evaluate the rules on one collected step's scalars; only NEW alerts come back.
+
+        ``values`` maps tags to numbers (e.g. ``{'train/loss': 0.4, 'train/grad_norm':
+        1.3, 'train/learning_rate': 1e-3}``); tags no rule watches cost one dict lookup.
+        Calling again with the same step and other tags (``mon.log`` at the current
+        step) is fine; the same tag twice at one step is a ``step_order`` alert. Values
+        must be numbers (any NaN/Inf included); nothing else is checked here.
+        """
+        new: list[Alert] = []
+        order = self._order
+        if order is not None:
+            found = order.update(step, values)
+            if found:
+                for tag, f in found:
+                    self._raise(new, step, "step_order", tag, f, self._order_check(tag))
+        routes = self._routes
+        for tag, value in values.items():
+            route = routes.get(tag)
+            if route is None:
+                continue
+            value = float(value)
+            rules, nonfinite = route
+            if nonfinite is not None:
+                f = nonfinite.update(step, value)
+                if f is not None:
+                    self._raise(new, step, "nonfinite", tag, f, _flag(nonfinite))
+            if value - value != 0.0:  # NaN/Inf would poison every running statistic
+                continue
+            for kind, rule in rules:
+                f = rule.update(step, value)
+                if f is not None:
+                    self._raise(new, step, kind, tag, f, _flag(rule))
+        missing = self._missing
+        if missing is not None and (missing.pending or missing.reported):
+            for tag, f in missing.update(step, values):
+                self._raise(new, step, "metric_missing", tag, f, self._missing_check(tag))
+        return new
+
+    def active(self) -> list[Alert]:
+        """Alerts whose anomaly is still ongoing (for a panel's "now" strip)."""
+        return [alert for alert, ongoing in self._latest.values() if ongoing()]
+
+    def _raise(
+        self, new: list[Alert], step: int, kind: str, tag: str, f: Any, ongoing: Callable
+    ) -> None:
+        alert = Alert(step, kind, SEVERITY[kind], f.message, f.since_step, tag, f.value, self.rank)
+        new.append(alert)
+        self._latest[(kind, tag)] = (alert, ongoing)
+
+    def _order_check(self, tag: str) -> Callable[[], bool]:
+        order = self._order
+        return lambda: order is not None and order.is_active(tag)
+
+    def _missing_check(self, tag: str) -> Callable[[], bool]:
+        missing = self._missing
+        return lambda: missing is not None and missing.is_active(tag)
+
+
+def _flag(rule: Any) -> Callable[[], bool]:
+    return lambda: bool(rule.active)
+
+
+def _columns(series: Any) -> tuple[list[int], list[float]]:
+    steps, values = (
+        (series.steps, series.values) if hasattr(series, "steps") else (series[0], series[1])
+    )
+    steps = steps.tolist() if hasattr(steps, "tolist") else list(steps)
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    return [int(s) for s in steps], [float(v) for v in values]
+
+
+def diagnose(
+    series: Mapping[str, Any],
+    settings: Mapping[str, Any] | None = None,
+    tracked: Iterable[str] | None = None,
+    *,
+    rank: int | None = None,
+) -> list[Alert]:
+    """Replay whole series through a fresh ``Diagnoser``; every alert it raises, in order.
+
+    ``series`` maps tags to anything with ``.steps`` and ``.values`` (``mon.series``,
+    ``run.scalars(tag)``, ``run.scalars(tag, raw=True)``) or to ``(steps, values)``.
+    Series are merged by step, each kept in its own order, so a raw series that goes
+    backwards still trips ``step_order``; values at one step form one update.
+    """
+    streams = []
+    for tag, s in series.items():
+        steps, values = _columns(s)
+        streams.append([(step, tag, value) for step, value in zip(steps, values, strict=True)])
+    diag = Diagnoser(settings, tracked, rank=rank)
+    out: list[Alert] = []
+    batch: dict[str, float] = {}
+    current: int | None = None
+    for step, tag, value in heapq.merge(*streams, key=lambda point: point[0]):
+        if step != current or tag in batch:
+            if batch:
+                out += diag.update(current, batch)  # type: ignore[arg-type]
+            batch = {}
+            current = step
+        batch[tag] = value
+    if batch:
+        out += diag.update(current, batch)  # type: ignore[arg-type]
+    return out

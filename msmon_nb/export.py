@@ -1,0 +1,168 @@
+"""``msmon export RUN_DIR --to csv|jsonl|tensorboard OUT``: take a run's scalars elsewhere.
+
+Streaming: files are read a chunk at a time (the reader's 8 MB batches) and each batch's
+rows are written before the next is read, so a 10-million-point run exports in bounded
+memory. Rows come in write order, every point as written (a step written twice appears
+twice; ``load_run`` applies the purge rule on top). Non-finite values are written as
+``nan``, ``inf``, ``-inf`` (CSV) or the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON,
+which has no such numbers). The TensorBoard form is tfevents files, one per rank, that
+TensorBoard's own loaders read.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from msmon_nb.events.bulk import BulkScalarDecoder
+from msmon_nb.events.reader import EventDecoder, RecordReader
+from msmon_nb.events.runs import Run, load_run
+
+FORMATS = ("csv", "jsonl", "tensorboard")
+FIELDS = ("step", "wall_time", "tag", "value", "rank")
+
+
+def iter_scalar_batches(run: Run) -> Iterator[tuple[int, list[tuple[int, float, str, float]], int]]:
+    """(rank, rows, bytes read so far) per batch; rows are (step, wall, tag, value)."""
+    done = 0
+    for path in run.files:
+        rank = run._files[path].rank
+        reader = RecordReader(path)
+        bulk = BulkScalarDecoder()
+        decoder = EventDecoder()
+        for buf, base, starts, stops in reader.batches():
+            blocks, rest = bulk.decode(buf, starts, stops)
+            keyed: list[tuple[int, int, float, str, float]] = []
+            for block in blocks:
+                index = block.index.tolist()
+                steps = block.steps.tolist()
+                walls = block.walls.tolist()
+                for j, tag in enumerate(block.tags):
+                    values = block.values[:, j].tolist()
+                    keyed.extend(zip(index, steps, walls, [tag] * len(index), values, strict=True))
+            for i in rest.tolist():
+                try:
+                    record = decoder.decode(base + starts[i] - 12, buf[starts[i] : stops[i]])
+                except ValueError:
+                    continue
+                if record.step is None:
+                    continue
+                for value in record.values:
+                    if value.kind == "scalar":
+                        keyed.append((i, record.step, record.wall_time, value.tag, value.value))
+            keyed.sort(key=lambda row: row[0])
+            yield rank, [row[1:] for row in keyed], done + reader.offset
+        done += reader.offset
+
+
+def _text(value: float) -> str:
+    return repr(float(value)) if math.isfinite(value) else str(value)
+
+
+def _json_number(value: float) -> float | str:
+    return float(value) if math.isfinite(value) else str(value)
+
+
+def export(
+    run_dir: str | os.PathLike[str],
+    fmt: str,
+    out: str | os.PathLike[str],
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Write every scalar point of the run to ``out``; returns the number of points."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    run = load_run_lazily(run_dir)
+    total_bytes = sum(p.stat().st_size for p in run.files)
+    out_path = Path(out)
+    count = 0
+    if fmt == "tensorboard":
+        return _export_tensorboard(run, out_path, total_bytes, progress)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w", newline="", encoding="utf-8") as f:
+        writer: Any = csv.writer(f) if fmt == "csv" else None
+        if writer is not None:
+            writer.writerow(FIELDS)
+        for rank, rows, done in iter_scalar_batches(run):
+            if writer is not None:
+                writer.writerows(
+                    (step, repr(wall), tag, _text(value), rank) for step, wall, tag, value in rows
+                )
+            else:
+                f.writelines(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "wall_time": wall,
+                            "tag": tag,
+                            "value": _json_number(value),
+                            "rank": rank,
+                        }
+                    )
+                    + "\n"
+                    for step, wall, tag, value in rows
+                )
+            count += len(rows)
+            if progress is not None:
+                progress(done, total_bytes)
+    return count
+
+
+def _export_tensorboard(
+    run: Run, out: Path, total_bytes: int, progress: Callable[[int, int], None] | None
+) -> int:
+    from msmon_nb.events.writer import EventWriter
+
+    writers: dict[int, EventWriter] = {}
+    count = 0
+    try:
+        for rank, rows, done in iter_scalar_batches(run):
+            writer = writers.get(rank)
+            if writer is None:
+                logdir = out if len(run.ranks) <= 1 else out / f"rank_{rank}"
+                writer = writers[rank] = EventWriter(
+                    logdir, rank=rank, flavor="tensorboard", block_secs=None
+                )
+            for step, wall, tag, value in rows:
+                writer.add_scalars(step, {tag: value}, wall_time=wall)
+            count += len(rows)
+            if progress is not None:
+                progress(done, total_bytes)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return count
+
+
+def load_run_lazily(run_dir: str | os.PathLike[str]) -> Run:
+    """The run at ``run_dir`` without reading its data (export streams it instead)."""
+    from msmon_nb.events.runs import is_run_dir
+
+    path = Path(run_dir)
+    if not path.is_dir() or not is_run_dir(path):
+        load_run(path)  # raises the clear "no run at ..." error
+    run = Run(path)
+    run._discover()
+    return run
+
+
+def progress_printer(stream: Any = sys.stderr) -> Callable[[int, int], None]:
+    """A tqdm bar over bytes read (quiet when the stream is not a terminal)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, unit="B", unit_scale=True, desc="export", file=stream, disable=None)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+
+    return update
