@@ -1,0 +1,156 @@
+"""The viewer's JSON API (DESIGN.md, "Viewer HTTP API"), independent of HTTP plumbing.
+
+JSON has no NaN or Infinity, and a training curve's NaN is the most important point on
+it, so non-finite numbers are encoded explicitly:
+
+* in ``/api/scalars``, ``values[i]`` is ``null`` for a non-finite point (the line breaks
+  there) and ``nonfinite`` lists every such point of the response as
+  ``{"steps": [...], "kinds": ["nan" | "inf" | "-inf", ...]}``;
+* anywhere else (alerts, snapshot stats, ``min``/``max``) a non-finite number is the
+  string ``"nan"``, ``"inf"`` or ``"-inf"``.
+
+Errors are ``ApiError(status, message)``; the server turns them into
+``{"error": message}`` with that status (404 for an unknown run or tag).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from msmon_nb.events.wire import Histogram
+from msmon_nb.viewer.downsample import downsample, nonfinite_kinds, select_range
+from msmon_nb.viewer.store import RunStore, UnknownRun
+
+DEFAULT_MAX_POINTS = 1000
+MAX_MAX_POINTS = 200_000
+
+
+class ApiError(Exception):
+    """A request the API refuses: HTTP status and a message for the user."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with numpy values, histograms and non-finite floats made JSON-safe."""
+    if isinstance(obj, float | np.floating):
+        value = float(obj)
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(obj, np.integer | np.bool_):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, Histogram):
+        return {
+            "edges": jsonable(obj.edges),
+            "counts": obj.counts.tolist(),
+            "nan_count": obj.nan_count,
+            "pos_inf_count": obj.pos_inf_count,
+            "neg_inf_count": obj.neg_inf_count,
+            "min": jsonable(obj.min),
+            "max": jsonable(obj.max),
+            "count": obj.count,
+        }
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def _one(query: Mapping[str, list[str]], name: str, required: bool = True) -> str | None:
+    values = query.get(name)
+    if not values:
+        if required:
+            raise ApiError(400, f"missing query parameter {name!r}")
+        return None
+    if len(values) > 1:
+        raise ApiError(400, f"query parameter {name!r} given {len(values)} times")
+    return values[0]
+
+
+def _int(query: Mapping[str, list[str]], name: str) -> int | None:
+    text = _one(query, name, required=False)
+    if text is None or text == "":
+        return None
+    try:
+        return int(float(text))  # the page sends zoom edges as floats
+    except (ValueError, OverflowError):
+        raise ApiError(400, f"{name}={text!r} is not a number, e.g. {name}=100") from None
+
+
+def runs(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """``[{name, path, tags, last_step, status, ranks, last_write, exact}]``."""
+    return store.list_runs()
+
+
+def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """One series, min/max-downsampled to about ``max_points`` (see module docstring)."""
+    run, tag = _one(query, "run"), _one(query, "tag")
+    max_points = _int(query, "max_points") or DEFAULT_MAX_POINTS
+    if not 2 <= max_points <= MAX_MAX_POINTS:
+        raise ApiError(400, f"max_points={max_points}: use 2..{MAX_MAX_POINTS}, e.g. 1000")
+    start, end, rank = _int(query, "start"), _int(query, "end"), _int(query, "rank")
+    try:
+        series = store.scalars(run, tag, rank=rank)
+    except UnknownRun:
+        raise ApiError(404, f"no run {run!r} under {store.base}") from None
+    except KeyError as exc:
+        raise ApiError(404, str(exc.args[0]) if exc.args else str(exc)) from None
+    steps, values = select_range(series.steps, series.values, start, end)
+    sampled = downsample(steps, values, max_points)
+    vals = sampled.values
+    finite = vals[np.isfinite(vals)]
+    bad_idx, kinds = nonfinite_kinds(vals)
+    out_values: list[float | None] = vals.tolist()
+    for i in bad_idx.tolist():
+        out_values[i] = None
+    return {
+        "run": run,
+        "tag": tag,
+        "steps": sampled.steps.tolist(),
+        "values": out_values,
+        "min": float(finite.min()) if len(finite) else None,
+        "max": float(finite.max()) if len(finite) else None,
+        "raw": sampled.raw,
+        "count": sampled.count,
+        "nonfinite": {"steps": sampled.steps[bad_idx].tolist(), "kinds": kinds},
+        "first_step": int(series.steps[0]) if len(series.steps) else None,
+        "last_step": int(series.steps[-1]) if len(series.steps) else None,
+    }
+
+
+def _per_run(store: RunStore, query: Mapping[str, list[str]], what: str) -> Any:
+    name = _one(query, "run")
+    try:
+        items = store.alerts(name) if what == "alerts" else store.snapshots(name)
+    except UnknownRun:
+        raise ApiError(404, f"no run {name!r} under {store.base}") from None
+    return jsonable(items)
+
+
+def alerts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """The run's alerts, oldest first."""
+    return _per_run(store, query, "alerts")
+
+
+def snapshots(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """The run's tensor snapshots: stats, and the histogram as edges and counts."""
+    return _per_run(store, query, "snapshots")
+
+
+ROUTES: dict[str, Callable[[RunStore, Mapping[str, list[str]]], Any]] = {
+    "/api/runs": runs,
+    "/api/scalars": scalars,
+    "/api/alerts": alerts,
+    "/api/snapshots": snapshots,
+}

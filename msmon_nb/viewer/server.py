@@ -1,0 +1,317 @@
+"""``msmon view``: the HTTP server (stdlib ``ThreadingHTTPServer``), its watcher thread.
+
+Why the standard library: the viewer serves a handful of JSON routes, a few static files
+and one event stream to a few local browsers; a framework would add dependencies and
+start-up time and earn nothing here. One thread per connection is fine at that scale
+(tested with 50 concurrent clients while a run is being written).
+
+Security: binds 127.0.0.1 unless told otherwise; when bound to loopback it also refuses
+requests whose ``Host`` header is not a loopback name, so a web page the user visits
+cannot reach the viewer through DNS rebinding; only GET; static files come from a
+whitelist (``static.py``); run names are looked up among the discovered runs, never joined
+into paths.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+from msmon_nb.viewer import api
+from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
+from msmon_nb.viewer.store import RunStore
+from msmon_nb.viewer.stream import Broadcaster
+
+log = logging.getLogger(__name__)
+
+POLL_SECS = 0.5  # watcher period: new points reach the page well within 2 s
+PING_SECS = 15.0
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The host part of a ``Host`` header (``[::1]:8080`` -> ``::1``)."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class ViewerServer(ThreadingHTTPServer):
+    """The viewer over one base dir: HTTP server, run store, watcher, event fan-out."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, base: str | os.PathLike[str], host: str, port: int, poll_secs: float):
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        self.base = Path(base).resolve()
+        self.store = RunStore(self.base)
+        self.events = Broadcaster()
+        self.files: dict[str, StaticFile] = static_files()
+        self.poll_secs = poll_secs
+        self.loopback_only = is_loopback(host)
+        self.closing = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._serving: threading.Thread | None = None
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        """The address to open in a browser."""
+        host, port = self.server_address[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/"
+
+    def start_watcher(self) -> None:
+        """Start the thread that tails runs and publishes events."""
+        self.store.scan()
+        self._watcher = threading.Thread(target=self._watch, name="msmon-view-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self.closing.wait(self.poll_secs):
+            try:
+                for kind, data in self.store.poll():
+                    self.events.publish(kind, data)
+            except Exception:  # thread boundary: keep watching, say why once per failure
+                log.exception("msmon view: watching %s failed; retrying", self.base)
+
+    def start(self) -> None:
+        """Serve from a background thread (tests, ``msmon demo``); ``stop()`` ends it."""
+        self.start_watcher()
+        self._serving = threading.Thread(
+            target=self.serve_forever, name="msmon-view", kwargs={"poll_interval": 0.2}
+        )
+        self._serving.daemon = True
+        self._serving.start()
+
+    def stop(self) -> None:
+        """Stop serving, release event-stream clients, close the socket."""
+        self.closing.set()
+        self.events.close()
+        if self._serving is not None:
+            self.shutdown()
+            self._serving.join(5)
+        self.server_close()
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One connection: GET of the API, the event stream, or a whitelisted static file."""
+
+    server: ViewerServer
+    protocol_version = "HTTP/1.1"
+    timeout = 60  # idle keep-alive connections give their thread back
+    server_version = "msmon-view"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except Exception as exc:  # request boundary: answer 500, keep serving
+            log.exception("msmon view: %s failed", self.path)
+            self.close_connection = True
+            try:
+                self._json(500, {"error": f"internal error: {exc}"})
+            except OSError:
+                pass
+
+    def _refuse(self) -> None:
+        self._json(405, {"error": "the viewer is read-only: only GET"}, allow="GET")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+
+    def _get(self) -> None:
+        if self.server.loopback_only:
+            host = _host_name(self.headers.get("Host", ""))
+            if not is_loopback(host):
+                self._json(403, {"error": f"Host {host!r} refused: the viewer is local-only"})
+                return
+        target = urllib.parse.urlsplit(self.path)
+        path, query = target.path, urllib.parse.parse_qs(target.query, keep_blank_values=True)
+        route = api.ROUTES.get(path)
+        if route is not None:
+            try:
+                body = route(self.server.store, query)
+            except api.ApiError as exc:
+                self._json(exc.status, {"error": exc.message})
+                return
+            self._json(200, body)
+        elif path == "/api/stream":
+            self._stream()
+        elif path == "/api/info":
+            self._json(
+                200, {"app": "msmon view", "base": str(self.server.base), "pid": os.getpid()}
+            )
+        elif (static := self.server.files.get(path)) is not None:
+            self._static(static)
+        else:
+            self._json(404, {"error": f"not found: {path}"})
+
+    def _json(self, status: int, obj: Any, **headers: str) -> None:
+        body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+        self._send(status, body, "application/json", {"Cache-Control": "no-store", **headers})
+
+    def _static(self, static: StaticFile) -> None:
+        gzip_ok = "gzip" in self.headers.get("Accept-Encoding", "")
+        body, gzipped = static.body(gzip_ok)
+        headers = {
+            "Cache-Control": f"max-age={static.cache_secs}" if static.cache_secs else "no-cache",
+            "Content-Security-Policy": _CSP,
+        }
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        self._send(200, body, static.content_type, headers)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-").title(), value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _stream(self) -> None:
+        """Server-sent events until the client leaves or the server stops."""
+        self.close_connection = True
+        events = self.server.events
+        cursor = events.seq
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        hello = json.dumps({"base": str(self.server.base), "seq": cursor})
+        self.wfile.write(f"retry: 1000\nevent: hello\ndata: {hello}\n\n".encode())
+        self.wfile.flush()
+        while not self.server.closing.is_set():
+            batch = events.wait(cursor, PING_SECS)
+            if not batch:
+                self.wfile.write(b": ping\n\n")
+            for seq, kind, data in batch:
+                payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+                self.wfile.write(f"id: {seq}\nevent: {kind}\ndata: {payload}\n\n".encode())
+                cursor = seq
+            self.wfile.flush()
+
+
+def make_server(
+    base: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    poll_secs: float = POLL_SECS,
+) -> ViewerServer:
+    """A bound (not yet serving) viewer; ``port=0`` picks a free port."""
+    return ViewerServer(base, host, port, poll_secs)
+
+
+def _already_serving(host: str, port: int, base: Path) -> str | None:
+    """The URL of an msmon viewer of ``base`` already listening there, else None."""
+    import urllib.request
+
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/"
+    try:
+        with urllib.request.urlopen(url + "api/info", timeout=2) as resp:
+            info = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    if info.get("app") == "msmon view" and info.get("base") == str(base):
+        return url
+    return None
+
+
+def serve(
+    base: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    out: TextIO = sys.stdout,
+    any_port_if_taken: bool = False,
+) -> int:
+    """Run the viewer until Ctrl-C; the exit status of ``msmon view``.
+
+    Prints ``msmon view: starting ...`` then ``msmon view: serving BASE at URL`` (or
+    ``already serving`` when a viewer of the same base holds the port): VSCode's
+    background task waits for those lines. ``any_port_if_taken`` (``msmon demo``) falls
+    back to a free port when another program holds ``port``.
+    """
+    base_path = Path(base).resolve()
+    print(f"msmon view: starting on {base_path}", file=out, flush=True)
+    try:
+        server = make_server(base_path, host, port)
+    except MissingAsset as exc:
+        print(f"msmon view: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except OSError as exc:
+        url = _already_serving(host, port, base_path) if port else None
+        if url is not None:
+            print(f"msmon view: already serving {base_path} at {url}", file=out, flush=True)
+            return 0
+        if any_port_if_taken and port:
+            return serve(base_path, host, 0, out)
+        print(
+            f"msmon view: error: cannot listen on {host}:{port}: {exc.strerror or exc}; "
+            "try another --port (0 picks a free one)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    if not server.loopback_only:
+        print(
+            f"msmon view: warning: listening on {host}, not loopback; the viewer has no "
+            "login, so anyone who can reach this address can read your runs",
+            file=sys.stderr,
+            flush=True,
+        )
+    if not base_path.is_dir():
+        print(
+            f"msmon view: {base_path} does not exist yet; runs appear as they are written",
+            file=out,
+        )
+    if threading.current_thread() is threading.main_thread():
+        # After MindSpore ran in this process (``msmon demo``) its native SIGINT handler
+        # ends the process without unwinding; Ctrl-C must stop the server cleanly instead.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    server.start_watcher()
+    print(f"msmon view: serving {base_path} at {server.url}", file=out, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        print("msmon view: stopped", file=out, flush=True)
+    finally:
+        server.closing.set()
+        server.events.close()
+        server.server_close()
+    return 0

@@ -1,0 +1,505 @@
+// msmon view: run list, charts per tag comparing the selected runs, live tail, zoom to raw.
+//
+// Data contract (msmon_nb/viewer/api.py): /api/scalars returns min/max-downsampled points;
+// a non-finite value is null in `values` and listed in `nonfinite` with its kind, so it is
+// drawn as a marker instead of vanishing. Zooming refetches the visible step range, which
+// the server returns raw once it holds few enough points.
+"use strict";
+
+const MAX_POINTS = 1000;
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const GROUP_ORDER = ["train", "val", "sys"];
+const FETCH_CONCURRENCY = 4;
+
+const state = {
+  runs: [],               // from /api/runs
+  selected: new Set(),    // run names
+  colors: new Map(),      // run name -> colour, stable while the page lives
+  charts: new Map(),      // tag -> {div, zoom: [x0, x1] | null, data: Map(run -> series)}
+  alerts: new Map(),      // run -> [alert]
+  snapshots: new Map(),   // run -> [snapshot]
+  yscale: "linear",
+  smoothing: 0,
+};
+
+// --- small helpers -------------------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+async function getJSON(url) {
+  const resp = await fetch(url, { cache: "no-store" });
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.error || `${resp.status} ${url}`);
+  return body;
+}
+
+// A small queue so that selecting a run with 40 tags does not open 40 connections at once.
+const queue = [];
+let inFlight = 0;
+function limited(task) {
+  return new Promise((resolve, reject) => {
+    queue.push({ task, resolve, reject });
+    pump();
+  });
+}
+function pump() {
+  while (inFlight < FETCH_CONCURRENCY && queue.length) {
+    const { task, resolve, reject } = queue.shift();
+    inFlight += 1;
+    task().then(resolve, reject).finally(() => { inFlight -= 1; pump(); });
+  }
+}
+
+function age(seconds) {
+  if (seconds == null) return "-";
+  const delta = Math.max(0, Date.now() / 1000 - seconds);
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+    if (delta >= size) return `${Math.floor(delta / size)}${unit}`;
+  }
+  return `${Math.floor(delta)}s`;
+}
+
+function fmt(value) {
+  if (value == null) return "-";
+  if (typeof value === "string") return value;  // "nan", "inf", "-inf" from the API
+  if (Number.isInteger(value)) return String(value);
+  return Number(value).toPrecision(5);
+}
+
+// TensorBoard's debiased exponential moving average; non-finite points stay gaps.
+function ema(values, weight) {
+  const out = [];
+  let last = 0;
+  let count = 0;
+  for (const v of values) {
+    if (v == null || !Number.isFinite(v)) { out.push(null); continue; }
+    last = last * weight + (1 - weight) * v;
+    count += 1;
+    out.push(weight > 0 ? last / (1 - Math.pow(weight, count)) : v);
+  }
+  return out;
+}
+
+function colorOf(run) {
+  if (!state.colors.has(run)) state.colors.set(run, PALETTE[state.colors.size % PALETTE.length]);
+  return state.colors.get(run);
+}
+
+// --- run list --------------------------------------------------------------------------
+
+async function loadRuns() {
+  state.runs = await getJSON("/api/runs");
+  const names = new Set(state.runs.map((r) => r.name));
+  for (const name of [...state.selected]) if (!names.has(name)) state.selected.delete(name);
+  if (!state.initialised && state.runs.length) {
+    state.initialised = true;
+    // Start with what is most likely wanted: the runs being written, else the newest.
+    const running = state.runs.filter((r) => r.status === "running");
+    const pick = running.length ? running : [...state.runs]
+      .sort((a, b) => (b.last_write || 0) - (a.last_write || 0)).slice(0, 1);
+    for (const r of pick) state.selected.add(r.name);
+    renderRuns();
+    await refreshAll();
+    return;
+  }
+  renderRuns();
+  syncCharts();
+}
+
+function renderRuns() {
+  const body = document.querySelector("#runs tbody");
+  const filter = document.getElementById("run-filter").value.trim().toLowerCase();
+  body.replaceChildren();
+  for (const run of state.runs) {
+    if (filter && !run.name.toLowerCase().includes(filter)) continue;
+    const box = el("input", { type: "checkbox", "aria-label": `select ${run.name}` });
+    box.checked = state.selected.has(run.name);
+    box.addEventListener("click", (ev) => { ev.stopPropagation(); toggleRun(run.name); });
+    const swatch = el("span", { class: "swatch" });
+    swatch.style.background = state.selected.has(run.name) ? colorOf(run.name) : "transparent";
+    const row = el("tr", { "data-run": run.name },
+      el("td", {}, box),
+      el("td", { class: "name" }, swatch, run.name),
+      el("td", {}, el("span", { class: `status ${run.status}`, text: run.status })),
+      el("td", { class: "num", text: run.last_step == null ? "-" : String(run.last_step) }),
+      el("td", { class: "num age", "data-last-write": run.last_write ?? "", text: age(run.last_write) }));
+    row.addEventListener("click", () => toggleRun(run.name));
+    body.append(row);
+  }
+  document.getElementById("runs-empty").hidden = state.runs.length > 0;
+}
+
+function toggleRun(name) {
+  if (state.selected.has(name)) state.selected.delete(name);
+  else state.selected.add(name);
+  renderRuns();
+  refreshAll();
+}
+
+// --- charts --------------------------------------------------------------------------
+
+function selectedRuns() {
+  return state.runs.filter((r) => state.selected.has(r.name));
+}
+
+function groupOf(tag) {
+  const cut = tag.indexOf("/");
+  return cut < 0 ? "other" : tag.slice(0, cut);
+}
+
+function groupRank(group) {
+  const i = GROUP_ORDER.indexOf(group);
+  return i < 0 ? GROUP_ORDER.length + (group === "other" ? 1 : 0) : i;
+}
+
+// Create or remove chart divs so there is one per tag of the selected runs, grouped.
+function syncCharts() {
+  const tags = new Set();
+  for (const run of selectedRuns()) for (const tag of run.tags) tags.add(tag);
+  for (const [tag, chart] of state.charts) {
+    if (!tags.has(tag)) { Plotly.purge(chart.div); chart.div.remove(); state.charts.delete(tag); }
+  }
+  const container = document.getElementById("charts");
+  const sorted = [...tags].sort((a, b) =>
+    groupRank(groupOf(a)) - groupRank(groupOf(b)) || a.localeCompare(b));
+  for (const tag of sorted) {
+    if (state.charts.has(tag)) continue;
+    const group = groupOf(tag);
+    let section = container.querySelector(`section.group[data-group="${CSS.escape(group)}"]`);
+    if (!section) {
+      section = el("section", { class: "group", "data-group": group },
+        el("h2", { text: group }), el("div", { class: "grid" }));
+      const after = [...container.children].find((s) => groupRank(s.dataset.group) > groupRank(group)
+        || (groupRank(s.dataset.group) === groupRank(group) && s.dataset.group > group));
+      container.insertBefore(section, after || null);
+    }
+    const div = el("div", { class: "chart", "data-tag": tag, id: `chart-${tag}` });
+    const grid = section.querySelector(".grid");
+    const next = [...grid.children].find((c) => c.dataset.tag > tag);
+    grid.insertBefore(div, next || null);
+    state.charts.set(tag, { div, zoom: null, data: new Map(), version: 0 });
+  }
+  for (const section of [...container.children]) {
+    if (!section.querySelector(".chart")) section.remove();
+  }
+  document.getElementById("hint").hidden = state.selected.size > 0;
+}
+
+function scalarsURL(run, tag, zoom) {
+  const params = new URLSearchParams({ run, tag, max_points: String(MAX_POINTS) });
+  if (zoom) {
+    params.set("start", String(Math.floor(zoom[0])));
+    params.set("end", String(Math.ceil(zoom[1])));
+  }
+  return `/api/scalars?${params}`;
+}
+
+async function fetchChart(tag, onlyRun = null) {
+  const chart = state.charts.get(tag);
+  if (!chart) return;
+  const zoom = chart.zoom;
+  const runs = selectedRuns().filter((r) => r.tags.includes(tag) && (!onlyRun || r.name === onlyRun));
+  await Promise.all(runs.map(async (run) => {
+    try {
+      const series = await limited(() => getJSON(scalarsURL(run.name, tag, zoom)));
+      if (chart.zoom === zoom) chart.data.set(run.name, series);
+    } catch (err) {
+      console.warn(`msmon: ${run.name} ${tag}: ${err.message}`);
+    }
+  }));
+  for (const name of [...chart.data.keys()]) if (!state.selected.has(name)) chart.data.delete(name);
+  draw(tag);
+}
+
+function alertTraces(tag) {
+  const traces = [];
+  for (const run of selectedRuns()) {
+    const items = (state.alerts.get(run.name) || []).filter((a) => !a.tag || a.tag === tag);
+    if (!items.length) continue;
+    traces.push({
+      x: items.map((a) => a.step), y: items.map(() => 0.9), yaxis: "y2",
+      type: "scatter", mode: "markers", name: `${run.name} alerts`, meta: "alert",
+      marker: { symbol: "diamond", size: 11, color: items.map((a) =>
+        a.severity === "critical" ? "#cf222e" : "#bf8700"), line: { color: colorOf(run.name), width: 1.5 } },
+      text: items.map((a) => `${run.name}: ${a.message}`), hoverinfo: "text+x", showlegend: false,
+    });
+  }
+  return traces;
+}
+
+function draw(tag) {
+  const chart = state.charts.get(tag);
+  if (!chart) return;
+  const traces = [];
+  let raw = true;
+  let points = 0;
+  let nonfinite = 0;
+  for (const run of selectedRuns()) {
+    const s = chart.data.get(run.name);
+    if (!s) continue;
+    raw = raw && s.raw;
+    points += s.steps.length;
+    const color = colorOf(run.name);
+    const smoothing = state.smoothing > 0;
+    traces.push({
+      x: s.steps, y: s.values, type: "scatter", mode: s.steps.length < 60 ? "lines+markers" : "lines",
+      name: run.name, meta: "series", line: { color, width: smoothing ? 1 : 1.6 },
+      marker: { size: 4 }, opacity: smoothing ? 0.3 : 1, showlegend: !smoothing,
+      hovertemplate: `${run.name}<br>step %{x}<br>%{y:.6g}<extra></extra>`,
+    });
+    if (smoothing) {
+      traces.push({
+        x: s.steps, y: ema(s.values, state.smoothing), type: "scatter", mode: "lines",
+        name: run.name, meta: "smoothed", line: { color, width: 2 },
+        hovertemplate: `${run.name} (smoothed)<br>step %{x}<br>%{y:.6g}<extra></extra>`,
+      });
+    }
+    if (s.nonfinite.steps.length) {
+      nonfinite += s.nonfinite.steps.length;
+      traces.push({
+        x: s.nonfinite.steps, y: s.nonfinite.steps.map(() => 1), yaxis: "y2",
+        type: "scatter", mode: "markers", name: `${run.name} NaN/Inf`, meta: "nonfinite",
+        marker: { symbol: "x", size: 10, color: "#cf222e", line: { color, width: 1 } },
+        text: s.nonfinite.kinds.map((k, i) => `${run.name}: ${k.toUpperCase()} at step ${s.nonfinite.steps[i]}`),
+        hoverinfo: "text", showlegend: false,
+      });
+    }
+  }
+  traces.push(...alertTraces(tag));
+  const note = points === 0 ? "" : raw ? " · raw points" : " · min/max per bucket";
+  const layout = {
+    title: { text: `${tag}<span style="font-size:11px;color:#656d76">${note}</span>`, font: { size: 13 }, x: 0.02 },
+    margin: { l: 55, r: 15, t: 32, b: 35 },
+    xaxis: { title: { text: "step", standoff: 4 }, zeroline: false },
+    yaxis: { type: state.yscale, exponentformat: "e" },
+    yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true },
+    legend: { orientation: "h", y: -0.25, font: { size: 11 } },
+    showlegend: selectedRuns().length > 1,
+    hovermode: "closest", dragmode: "zoom",
+    // A new revision per zoom: the y axis fits the points fetched for the zoomed range.
+    uirevision: chart.zoom ? `${tag} ${chart.zoom.join(" ")}` : tag,
+  };
+  if (chart.zoom) {
+    layout.xaxis.range = [...chart.zoom];  // a copy: Plotly writes the user's zoom into it
+    layout.xaxis.autorange = false;
+  }
+  Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true, showTips: false });
+  chart.version += 1;
+  chart.div.dataset.raw = String(raw && points > 0);
+  chart.div.dataset.points = String(points);
+  chart.div.dataset.nonfinite = String(nonfinite);
+  chart.div.dataset.version = String(chart.version);
+  if (!chart.listening) {
+    chart.listening = true;
+    chart.div.on("plotly_relayout", (ev) => onRelayout(tag, ev));
+  }
+}
+
+function onRelayout(tag, ev) {
+  const chart = state.charts.get(tag);
+  if (!chart) return;
+  if (ev["xaxis.range[0]"] !== undefined && ev["xaxis.range[1]"] !== undefined) {
+    const zoom = [Number(ev["xaxis.range[0]"]), Number(ev["xaxis.range[1]"])];
+    if (chart.zoom && chart.zoom[0] === zoom[0] && chart.zoom[1] === zoom[1]) return;
+    chart.zoom = zoom;
+    fetchChart(tag);
+  } else if (ev["xaxis.autorange"] && chart.zoom) {
+    chart.zoom = null;
+    fetchChart(tag);
+  }
+}
+
+function resetZoom() {
+  for (const [tag, chart] of state.charts) {
+    chart.zoom = null;
+    Plotly.relayout(chart.div, { "xaxis.autorange": true, "yaxis.autorange": true });
+    fetchChart(tag);
+  }
+}
+
+// --- alerts and snapshots ---------------------------------------------------------------
+
+async function loadSide(run) {
+  try {
+    const [alerts, snaps] = await Promise.all([
+      getJSON(`/api/alerts?${new URLSearchParams({ run })}`),
+      getJSON(`/api/snapshots?${new URLSearchParams({ run })}`),
+    ]);
+    state.alerts.set(run, alerts);
+    state.snapshots.set(run, snaps);
+  } catch (err) {
+    console.warn(`msmon: ${run}: ${err.message}`);
+  }
+}
+
+function renderSide() {
+  const alertsBody = document.querySelector("#alerts tbody");
+  alertsBody.replaceChildren();
+  const snapsBody = document.querySelector("#snapshots tbody");
+  snapsBody.replaceChildren();
+  let nAlerts = 0;
+  let nSnaps = 0;
+  for (const run of selectedRuns()) {
+    for (const a of state.alerts.get(run.name) || []) {
+      nAlerts += 1;
+      alertsBody.append(el("tr", {},
+        el("td", { text: run.name }), el("td", { class: "num", text: fmt(a.step) }),
+        el("td", { class: "num", text: fmt(a.since_step) }),
+        el("td", { class: `severity-${a.severity}`, text: a.severity || "-" }),
+        el("td", { text: a.kind || "-" }), el("td", { text: a.message || "" })));
+    }
+    for (const s of state.snapshots.get(run.name) || []) {
+      nSnaps += 1;
+      const st = s.stats || {};
+      snapsBody.append(el("tr", { "data-snapshot": s.name },
+        el("td", { text: run.name }), el("td", { class: "num", text: fmt(s.step) }),
+        el("td", { text: s.name }), el("td", { text: s.reason || "-" }),
+        el("td", { text: s.shape ? `[${s.shape.join(", ")}]` : "-" }), el("td", { text: s.dtype || "-" }),
+        el("td", { class: "num", text: fmt(st.min) }), el("td", { class: "num", text: fmt(st.max) }),
+        el("td", { class: "num", text: fmt(st.mean) }), el("td", { class: "num", text: fmt(st.std) }),
+        el("td", { class: "num", text: fmt(st.nan_count) }), el("td", { class: "num", text: fmt(st.inf_count) }),
+        el("td", {}, histogramSVG(s.histogram))));
+    }
+  }
+  document.getElementById("alerts-section").hidden = nAlerts === 0;
+  document.getElementById("snapshots-section").hidden = nSnaps === 0;
+}
+
+function histogramSVG(hist) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "hist");
+  svg.setAttribute("width", "160");
+  svg.setAttribute("height", "36");
+  if (!hist || !hist.counts.length) return svg;
+  const top = Math.max(...hist.counts, 1);
+  const w = 160 / hist.counts.length;
+  hist.counts.forEach((c, i) => {
+    const h = (34 * c) / top;
+    const rect = document.createElementNS(ns, "rect");
+    rect.setAttribute("x", String(i * w));
+    rect.setAttribute("y", String(36 - h));
+    rect.setAttribute("width", String(Math.max(w - 0.5, 0.5)));
+    rect.setAttribute("height", String(h));
+    const title = document.createElementNS(ns, "title");
+    title.textContent = `${fmt(hist.edges[i])} .. ${fmt(hist.edges[i + 1])}: ${c}`;
+    rect.append(title);
+    svg.append(rect);
+  });
+  const label = document.createElementNS(ns, "title");
+  label.textContent = `min ${fmt(hist.min)} max ${fmt(hist.max)} count ${hist.count}`;
+  svg.prepend(label);
+  return svg;
+}
+
+// --- refresh ------------------------------------------------------------------------------
+
+const relisted = new Set();
+async function refreshAll() {
+  syncCharts();
+  const runs = selectedRuns().map((r) => r.name);
+  await Promise.all(runs.map(loadSide));
+  renderSide();
+  await Promise.all([...state.charts.keys()].map((tag) => fetchChart(tag)));
+  // A long run is listed from the start and end of its files; once the server has loaded
+  // it (the fetches above), the listing has every tag, so ask for it once more.
+  const inexact = selectedRuns().filter((r) => !r.exact && !relisted.has(r.name));
+  if (inexact.length) {
+    for (const r of inexact) relisted.add(r.name);
+    scheduleRunsReload();
+  }
+}
+
+// Live tail: at most one refetch of a run's charts per second, one in flight at a time;
+// events that arrive meanwhile fold into a single later refetch.
+const LIVE_MIN_MS = 1000;
+const live = new Map();  // run -> {busy, again, last}
+function refreshRun(run) {
+  if (!state.selected.has(run)) return;
+  const entry = live.get(run) || { busy: false, again: false, last: 0 };
+  live.set(run, entry);
+  if (entry.busy) { entry.again = true; return; }
+  entry.busy = true;
+  const wait = Math.max(0, entry.last + LIVE_MIN_MS - Date.now());
+  setTimeout(async () => {
+    entry.last = Date.now();
+    try {
+      const tags = [...state.charts].filter(([, chart]) => !chart.zoom).map(([tag]) => tag);
+      await Promise.all(tags.map((tag) => fetchChart(tag, run)));
+    } finally {
+      entry.busy = false;
+      if (entry.again) { entry.again = false; refreshRun(run); }
+    }
+  }, wait);
+}
+
+let runsTimer = null;
+function scheduleRunsReload() {
+  if (runsTimer) return;
+  runsTimer = setTimeout(async () => {
+    runsTimer = null;
+    const before = new Set(state.charts.keys());
+    await loadRuns();
+    const added = [...state.charts.keys()].filter((t) => !before.has(t));
+    await Promise.all(added.map((tag) => fetchChart(tag)));
+  }, 300);
+}
+
+function connect() {
+  const live = document.getElementById("live");
+  const source = new EventSource("/api/stream");
+  source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
+  source.addEventListener("error", () => { live.textContent = "offline"; live.className = "live off"; });
+  source.addEventListener("hello", (ev) => {
+    document.getElementById("base").textContent = JSON.parse(ev.data).base;
+  });
+  source.addEventListener("runs", scheduleRunsReload);
+  source.addEventListener("data", (ev) => {
+    const { run } = JSON.parse(ev.data);
+    scheduleRunsReload();
+    refreshRun(run);
+  });
+  source.addEventListener("alerts", async (ev) => {
+    const { run } = JSON.parse(ev.data);
+    if (!state.selected.has(run)) return;
+    await loadSide(run);
+    renderSide();
+    for (const tag of state.charts.keys()) draw(tag);
+  });
+}
+
+function init() {
+  document.getElementById("yscale").addEventListener("change", (ev) => {
+    state.yscale = ev.target.value;
+    for (const tag of state.charts.keys()) draw(tag);
+  });
+  const smooth = document.getElementById("smooth");
+  smooth.addEventListener("input", () => {
+    state.smoothing = Number(smooth.value);
+    document.getElementById("smooth-value").textContent = state.smoothing.toFixed(2);
+    for (const tag of state.charts.keys()) draw(tag);
+  });
+  document.getElementById("reset-zoom").addEventListener("click", resetZoom);
+  document.getElementById("run-filter").addEventListener("input", renderRuns);
+  setInterval(() => {
+    for (const cell of document.querySelectorAll("#runs td.age")) {
+      const t = cell.dataset.lastWrite;
+      cell.textContent = age(t === "" ? null : Number(t));
+    }
+  }, 1000);
+  connect();
+  loadRuns().catch((err) => console.error(`msmon: ${err.message}`));
+}
+
+window.msmon = { state, ema };
+init();

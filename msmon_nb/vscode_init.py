@@ -1,0 +1,149 @@
+"""``msmon vscode init [DIR]``: put msmon's VSCode tasks, launch configs and settings in a project.
+
+The templates live in the repository's ``vscode/`` directory (JSON with comments, as
+VSCode writes them). A file the project lacks is copied verbatim, comments included. A file
+it has is never overwritten: the entries it lacks (tasks by label, launch configurations by
+name, settings by key, list items, extension ids) are merged in when the file is plain
+JSON; when it holds comments, rewriting it would drop them, so nothing is written and the
+message names what to add by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TEMPLATES = ("tasks.json", "launch.json", "settings.json", "extensions.json")
+# file -> (list key, identity key of an item; None: the item itself)
+_LISTS: dict[str, tuple[str, str | None]] = {
+    "tasks.json": ("tasks", "label"),
+    "launch.json": ("configurations", "name"),
+    "extensions.json": ("recommendations", None),
+}
+
+
+def template_dir() -> Path:
+    """The ``vscode/`` templates next to the package (an editable or source install)."""
+    path = Path(__file__).resolve().parent.parent / "vscode"
+    if not (path / "tasks.json").is_file():
+        raise FileNotFoundError(
+            f"msmon's VSCode templates are not at {path}: install msmon_nb from its source "
+            "tree (pip install -e .) to use `msmon vscode init`"
+        )
+    return path
+
+
+def _scan(text: str, drop_comments: bool, drop_trailing_commas: bool) -> str:
+    """``text`` without comments and/or trailing commas, strings left untouched."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        elif drop_comments and text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+        elif drop_comments and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise ValueError("unterminated /* comment")
+            i = end + 2
+        elif drop_trailing_commas and c == ",":
+            j = i + 1
+            while j < n and text[j] in " \t\r\n":
+                j += 1
+            if j >= n or text[j] not in "]}":
+                out.append(c)
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def parse_jsonc(text: str) -> Any:
+    """Parse VSCode's JSON with comments (``//``, ``/* */``, trailing commas)."""
+    return json.loads(_scan(_scan(text, True, False), False, True))
+
+
+def has_comments(text: str) -> bool:
+    """True when ``text`` holds a ``//`` or ``/* */`` comment outside strings."""
+    return _scan(text, True, False) != text
+
+
+def merge(name: str, ours: Any, theirs: Any) -> tuple[Any, list[str]]:
+    """``theirs`` plus what of ``ours`` it lacks; and a line per addition."""
+    merged = json.loads(json.dumps(theirs))
+    added: list[str] = []
+    if name in _LISTS:
+        key, ident = _LISTS[name]
+        items = merged.setdefault(key, [])
+        have = {item.get(ident) if isinstance(item, dict) else item for item in items}
+        for item in ours.get(key, []):
+            item_id = item[ident] if ident else item
+            if item_id not in have:
+                items.append(item)
+                added.append(f"{key[:-1] if key.endswith('s') else key} {item_id!r}")
+        return merged, added
+    for key, value in ours.items():
+        if key not in merged:
+            merged[key] = value
+            added.append(f"setting {key!r}")
+        elif isinstance(value, list) and isinstance(merged[key], list):
+            for item in value:
+                if item not in merged[key]:
+                    merged[key].append(item)
+                    added.append(f"{item!r} in setting {key!r}")
+        elif isinstance(value, dict) and isinstance(merged[key], dict):
+            for sub, sub_value in value.items():
+                if sub not in merged[key]:
+                    merged[key][sub] = sub_value
+                    added.append(f"{sub!r} in setting {key!r}")
+    return merged, added
+
+
+def init(project: str | Path, out=sys.stdout) -> int:
+    """Install the templates into ``project/.vscode``; 0 done, 1 when a file was refused."""
+    try:
+        source = template_dir()
+    except FileNotFoundError as exc:
+        print(f"msmon vscode init: {exc}", file=sys.stderr)
+        return 1
+    target = Path(project) / ".vscode"
+    target.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for name in TEMPLATES:
+        src, dst = source / name, target / name
+        shown = dst
+        if not dst.exists():
+            dst.write_text(src.read_text(encoding="utf-8"), encoding="utf-8")
+            print(f"created {shown}", file=out)
+            continue
+        text = dst.read_text(encoding="utf-8")
+        try:
+            theirs = parse_jsonc(text)
+        except ValueError as exc:
+            print(f"left {shown} alone: it does not parse ({exc}); see {src}", file=out)
+            status = 1
+            continue
+        merged, added = merge(name, parse_jsonc(src.read_text(encoding="utf-8")), theirs)
+        if not added:
+            print(f"{shown} already has everything msmon adds", file=out)
+        elif has_comments(text):
+            print(
+                f"left {shown} alone: it has comments, which rewriting would lose; "
+                f"add by hand from {src}: {', '.join(added)}",
+                file=out,
+            )
+            status = 1
+        else:
+            dst.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+            print(f"added to {shown}: {', '.join(added)}", file=out)
+    return status

@@ -1,0 +1,244 @@
+"""The page in real headless Chromium: live tail, two runs, box-zoom to raw points, NaN marker.
+
+Debian's ``chromium`` driven by Playwright (``executable_path``; ``playwright install``
+cannot download browsers here). Screenshots go to ``docs/`` and the README shows one.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from msmon_nb.events.runs import ALERTS, SNAPSHOTS
+from msmon_nb.events.writer import EventWriter
+from tests.conftest import ROOT
+from tests.viewer.test_live import WRITER
+
+# screenshots for the README: written to docs/ only when asked (MSMON_UPDATE_DOCS=1), so a
+# test run leaves the work tree clean
+DOCS = ROOT / "docs" if os.environ.get("MSMON_UPDATE_DOCS") == "1" else None
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-domain-reliability",
+    "--disable-sync",
+    "--metrics-recording-only",
+    "--no-first-run",
+]
+NAN_STEP = 500
+SPIKE_STEP = 31_337
+LOSS = "train/loss"
+
+# JavaScript helpers run in the page. Traces carry ``meta``: series, smoothed,
+# nonfinite, alert.
+TRACES = """([tag, meta]) => {
+  const gd = document.getElementById('chart-' + tag);
+  if (!gd || !gd.data) return [];
+  return gd.data.filter((t) => t.meta === meta)
+    .map((t) => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y), text: t.text || null}));
+}"""
+DRAG_BOX = """([tag, x0, x1]) => {
+  const gd = document.getElementById('chart-' + tag);
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  const box = gd.getBoundingClientRect();
+  return {
+    x0: box.left + xa._offset + xa.l2p(x0), x1: box.left + xa._offset + xa.l2p(x1),
+    y0: box.top + ya._offset + 5, y1: box.top + ya._offset + ya._length - 5,
+  };
+}"""
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: .ci/run installs Debian's chromium package")
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    return path
+
+
+@pytest.fixture
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    exe = chromium_path()
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def base(tmp_path):
+    """A finished 50k-step run with a NaN, a spike, an alert and a snapshot."""
+    n = 50_000
+    steps = np.arange(n)
+    loss = (2.0 * np.exp(-steps / 8000) + 0.05 * np.sin(steps / 50)).astype(np.float32)
+    loss[NAN_STEP] = np.nan
+    loss[SPIKE_STEP] = 40.0
+    lr = np.minimum(steps / 2000, 1.0) * 1e-3
+    rng = np.random.default_rng(0)
+    with EventWriter(tmp_path / "baseline") as writer:
+        for step in range(n):
+            values = {LOSS: float(loss[step]), "train/learning_rate": float(lr[step])}
+            if step == n // 2:  # a tag only the middle of the file holds
+                values["val/acc"] = 0.75
+            writer.add_scalars(step, values)
+            if step == NAN_STEP:
+                writer.add_histogram("snap/fc1.weight/hist", rng.normal(size=2000), step=step)
+    alert = {
+        "step": NAN_STEP, "since_step": NAN_STEP, "kind": "nonfinite", "severity": "critical",
+        "message": "train/loss is NaN at step 500", "tag": LOSS, "value": float("nan"),
+    }  # fmt: skip
+    (tmp_path / "baseline" / ALERTS).write_text(json.dumps(alert) + "\n")
+    snap = {
+        "step": NAN_STEP, "name": "fc1.weight", "reason": "alert", "shape": [40, 50],
+        "dtype": "float32", "stats": {"min": -3.1, "max": 3.4, "mean": 0.01, "std": 1.0,
+                                      "nan_count": 0, "inf_count": 0},
+    }  # fmt: skip
+    (tmp_path / "baseline" / SNAPSHOTS).write_text(json.dumps(snap) + "\n")
+    return tmp_path
+
+
+def drag(page, tag: str, x0: float, x1: float) -> None:
+    """Box-zoom like a user: press, drag across the plot area, release."""
+    box = page.evaluate(DRAG_BOX, [tag, x0, x1])
+    page.mouse.move(box["x0"], box["y0"])
+    page.mouse.down()
+    page.mouse.move((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2, steps=5)
+    page.mouse.move(box["x1"], box["y1"], steps=5)
+    page.mouse.up()
+
+
+def wait_for(page, expr: str, arg=None, timeout: float = 10_000):
+    page.wait_for_function(expr, arg=arg, timeout=timeout)
+
+
+def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_path):
+    shots = DOCS or tmp_path
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(base / "live"), "0.3"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        writer.stdout.readline()
+        server, _ = serve(base)
+        page = browser.new_page(viewport={"width": 1500, "height": 950})
+        problems = []
+        page.on("pageerror", lambda exc: problems.append(str(exc)))
+        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+        page.goto(server.url)
+
+        # 1. the running run is selected at start and its chart gains points live
+        wait_for(page, "() => document.querySelector('#live').textContent === 'live'")
+        wait_for(page, "(t) => (document.getElementById('chart-' + t)?.dataset.points|0) > 0", LOSS)
+        first = page.evaluate(TRACES, [LOSS, "series"])
+        assert [t["name"] for t in first] == ["live"]
+        last_x = max(first[0]["x"])
+        wait_for(
+            page,
+            """([t, x]) => {
+                 const gd = document.getElementById('chart-' + t);
+                 const s = gd.data.find((d) => d.meta === 'series' && d.name === 'live');
+                 return s && Math.max(...s.x) > x;
+               }""",
+            [LOSS, last_x],
+            timeout=5_000,
+        )
+        grown = page.evaluate(TRACES, [LOSS, "series"])[0]
+        assert len(grown["x"]) > len(first[0]["x"])
+
+        # 2. select a second run: both are compared on the same chart
+        page.click("tr[data-run='baseline'] input[type=checkbox]")
+        wait_for(
+            page,
+            """(t) => document.getElementById('chart-' + t).data
+                      .filter((d) => d.meta === 'series').length === 2""",
+            LOSS,
+        )
+        runs_drawn = sorted(t["name"] for t in page.evaluate(TRACES, [LOSS, "series"]))
+        assert runs_drawn == ["baseline", "live"]
+        baseline = next(
+            t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline"
+        )
+        assert len(baseline["x"]) <= 2000 and 40.0 in baseline["y"]  # spike kept when downsampled
+        chart = page.locator(f"[id='chart-{LOSS}']")
+        assert chart.get_attribute("data-raw") == "false"
+
+        # 3. the NaN at step 500 is a marker, not a silent gap; the alert is marked too
+        wait_for(
+            page, "(t) => (document.getElementById('chart-' + t).dataset.nonfinite|0) > 0", LOSS
+        )
+        (marker,) = page.evaluate(TRACES, [LOSS, "nonfinite"])
+        assert NAN_STEP in marker["x"] and "NAN at step 500" in " ".join(marker["text"])
+        assert page.locator(f"[id='chart-{LOSS}'] .scatterlayer .trace .point").count() > 0
+        wait_for(
+            page,
+            "(t) => document.getElementById('chart-' + t).data.some((d) => d.meta === 'alert')",
+            LOSS,
+        )
+        (alert,) = page.evaluate(TRACES, [LOSS, "alert"])
+        assert alert["x"] == [NAN_STEP]
+        # the listing read only the ends of baseline's file; once loaded, val/acc shows up
+        wait_for(page, "() => !!document.getElementById('chart-val/acc')")
+        snapshot_row = page.locator("#snapshots tr[data-snapshot='fc1.weight']")
+        assert snapshot_row.count() == 1 and snapshot_row.locator("svg rect").count() > 5
+        shots.mkdir(exist_ok=True)
+        page.screenshot(path=str(shots / "viewer.png"), full_page=True)
+
+        # 4. box-zoom with the mouse, twice (50k steps span the chart): first to steps
+        # 0..4000, still downsampled, then to ~380..620, where the page gets raw points
+        drag(page, LOSS, 0, 4000)
+        wait_for(
+            page,
+            """(t) => { const gd = document.getElementById('chart-' + t);
+                        const s = gd.data.find((d) => d.name === 'baseline' && d.meta === 'series');
+                        return s && Math.max(...s.x) <= 4100; }""",
+            LOSS,
+        )
+        assert chart.get_attribute("data-raw") == "false"
+        drag(page, LOSS, 380, 620)  # Plotly needs >= 20 px across to zoom x
+        wait_for(page, "(t) => document.getElementById('chart-' + t).dataset.raw === 'true'", LOSS)
+        zoomed = next(t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline")
+        lo, hi = min(zoomed["x"]), max(zoomed["x"])
+        assert 360 <= lo <= 400 and 600 <= hi <= 640
+        assert zoomed["x"] == list(range(lo, hi + 1))  # every step: raw points
+        assert zoomed["y"][zoomed["x"].index(NAN_STEP)] is None
+        (marker,) = page.evaluate(TRACES, [LOSS, "nonfinite"])
+        assert marker["x"] == [NAN_STEP]
+        page.screenshot(path=str(shots / "viewer-zoom.png"))
+
+        # 5. smoothing and log scale act on the drawn charts
+        page.locator("#smooth").fill("0.9")
+        wait_for(
+            page,
+            "(t) => document.getElementById('chart-' + t).data.some((d) => d.meta === 'smoothed')",
+            LOSS,
+        )
+        smoothed = page.evaluate(TRACES, [LOSS, "smoothed"])
+        expected = page.evaluate(
+            "(ys) => window.msmon.ema(ys, 0.9)",
+            next(t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline")[
+                "y"
+            ],
+        )
+        assert next(t for t in smoothed if t["name"] == "baseline")["y"] == expected
+        page.select_option("#yscale", "log")
+        wait_for(
+            page,
+            "(t) => document.getElementById('chart-' + t)._fullLayout.yaxis.type === 'log'",
+            LOSS,
+        )
+        assert problems == []
+    finally:
+        writer.kill()
+        writer.wait()
