@@ -11,7 +11,6 @@ import pytest
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter
-from msmon_nb.export import export
 from msmon_nb.monitor import Monitor
 
 
