@@ -25,6 +25,7 @@ from msmon_nb.events.reader import EventDecoder, RecordReader
 from msmon_nb.events.runs import Run, load_run
 
 FORMATS = ("csv", "jsonl", "tensorboard")
+_CHUNK = 2**20  # 1 MB batches: a batch's rows, as Python objects, stay around 50 MB
 FIELDS = ("step", "wall_time", "tag", "value", "rank")
 
 
@@ -33,7 +34,7 @@ def iter_scalar_batches(run: Run) -> Iterator[tuple[int, list[tuple[int, float, 
     done = 0
     for path in run.files:
         rank = run._files[path].rank
-        reader = RecordReader(path)
+        reader = RecordReader(path, chunk=_CHUNK)
         bulk = BulkScalarDecoder()
         decoder = EventDecoder()
         for buf, base, starts, stops in reader.batches():
