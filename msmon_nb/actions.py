@@ -51,7 +51,8 @@ class Actions:
 
         cfg = monitor.config
         self.monitor = monitor
-        self.diagnoser = Diagnoser(cfg.alerts, tracked=list(cfg.track_metrics))
+        rank = monitor.ranks.rank if monitor.ranks.distributed else None
+        self.diagnoser = Diagnoser(cfg.alerts, tracked=list(cfg.track_metrics), rank=rank)
         self.break_on = compile_expression(cfg.break_on) if cfg.break_on else None
         snap = cfg.snapshot
         self.max_raw = int(snap.get("max_raw", DEFAULT_MAX_RAW))
@@ -87,10 +88,10 @@ class Actions:
         mon = self.monitor
         mon.alerts.append(alert)
         log.warning("msmon: %s", alert.message)
-        if mon.run_dir is not None:
+        if mon.write_dir is not None:
             data = alert.to_dict()
             data["wall_time"] = time.time()
-            mon._guard("writing alerts.jsonl", append_jsonl, mon.run_dir / ALERTS, data)
+            mon._guard("writing alerts.jsonl", append_jsonl, mon.write_dir / ALERTS, data)
         action = self.diagnoser.action(alert.kind)
         if action == "snapshot":
             self.snapshot_for_alert(alert)
@@ -137,10 +138,16 @@ class Actions:
             mon._sinks.histogram(step, wall, f"snap/{item.name}/hist", item.hist)
             if item.raw is not None:
                 mon._sinks.tensor(step, wall, f"snap/{item.name}/value", item.raw)
-            if mon.run_dir is not None:
-                entry = dict(item.to_dict(), step=step, reason=reason, wall_time=wall, rank=0)
-                mon._guard("writing snapshots.jsonl", append_jsonl, mon.run_dir / SNAPSHOTS, entry)
-        mon.snapshots.extend(dict(it.to_dict(), step=step, reason=reason) for it in items)
+            if mon.write_dir is not None:
+                entry = dict(
+                    item.to_dict(), step=step, reason=reason, wall_time=wall, rank=mon.ranks.rank
+                )
+                mon._guard(
+                    "writing snapshots.jsonl", append_jsonl, mon.write_dir / SNAPSHOTS, entry
+                )
+        mon.snapshots.extend(
+            dict(it.to_dict(), step=step, reason=reason, histogram=it.hist) for it in items
+        )
 
     # --- at the step boundary ----------------------------------------------------------------
 

@@ -20,6 +20,20 @@ def _age(seconds: float | None) -> str:
     return f"{delta:.0f}s ago"
 
 
+def _ranks_cell(summary: dict) -> str:
+    """``0`` for one rank; ``0:120 1:118(interrupted)`` (rank:last step) for several."""
+    last = summary.get("rank_last_step") or {}
+    if len(last) <= 1:
+        return ",".join(map(str, summary["ranks"]))
+    status = summary.get("rank_status") or {}
+    cells = []
+    for rank, step in last.items():
+        state = status.get(rank)
+        flag = f"({state})" if state and state not in ("running", "finished") else ""
+        cells.append(f"{rank}:{'-' if step is None else step}{flag}")
+    return " ".join(cells)
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the runs under a base dir."""
     from msmon_nb.events.runs import load_runs
@@ -45,7 +59,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             "-" if s["last_step"] is None else str(s["last_step"]),
             str(s["points"]),
             str(len(s["tags"])),
-            ",".join(map(str, s["ranks"])),
+            _ranks_cell(s),
             _age(s["last_write"]),
         )
         for s in summaries
@@ -65,7 +79,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from msmon_nb.events.runs import load_run
 
     started = time.perf_counter()
-    mon = train(args.dir, steps=args.steps)
+    mon = train(args.dir, steps=args.steps, progress=True)
     elapsed = time.perf_counter() - started
     run_dir = mon.run_dir
     run = load_run(run_dir)
@@ -137,6 +151,19 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check this environment; exit 1 when something blocks monitoring."""
+    from msmon_nb.doctor import run_doctor
+
+    report = run_doctor(base_dir=args.dir, project=args.project)
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(report.render())
+    return report.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``msmon``."""
     parser = argparse.ArgumentParser(
@@ -192,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--display-name", default=None, help="name shown in Jupyter/VSCode (default: with the venv)"
     )
     k.set_defaults(func=cmd_kernel_install)
+
+    p = sub.add_parser("doctor", help="check versions, MindSpore, kernel, VSCode, summary dir")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--dir", default="./summary", help="summary base dir (default ./summary)")
+    p.add_argument(
+        "--project", default=None, help="project whose .vscode/ to check (default: current dir)"
+    )
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -66,7 +66,13 @@ def batches(data: DemoData, batch_size: int, steps: int, seed: int = 1):
         yield ms.Tensor(data.x[idx]), ms.Tensor(data.y[idx])
 
 
-def train(save_dir: str | Path, steps: int = 300, batch_size: int = 64, log_interval: int = 1):
+def train(
+    save_dir: str | Path,
+    steps: int = 300,
+    batch_size: int = 64,
+    log_interval: int = 1,
+    progress: bool = False,
+):
     """Train the demo model under ``Monitor.watch()``; returns the finished ``Monitor``.
 
     The loop below is an ordinary MindSpore loop: the monitor observes it unchanged.
@@ -83,8 +89,30 @@ def train(save_dir: str | Path, steps: int = 300, batch_size: int = 64, log_inte
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
     mon = Monitor(save_dir=str(save_dir), model_name="demo", log_interval=log_interval)
+    if progress:
+        mon.add_boundary_hook(_progress_bar(steps))
     with mon, mon.watch():
         for x, y in batches(data, batch_size, steps):
             _loss, grads = grad_fn(x, y)
             opt(grads)
     return mon
+
+
+def _progress_bar(total: int):
+    """A terminal progress bar showing the latest loss and grad_norm (a boundary hook)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="step", desc="demo", dynamic_ncols=True, mininterval=0.25)
+
+    def hook(mon) -> None:
+        bar.n = mon.step_count
+        loss, norm = mon.series.get("train/loss"), mon.series.get("train/grad_norm")
+        if loss is not None and norm is not None and len(loss):
+            bar.set_postfix(
+                loss=f"{loss.last():.4f}", grad_norm=f"{norm.last():.3g}", refresh=False
+            )
+        bar.update(0)
+        if mon.step_count >= total:
+            bar.close()
+
+    return hook

@@ -22,10 +22,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.collect.ranks import detect, shared_run_name
 from msmon_nb.config import ConfigError, MonitorConfig, check_tag
 from msmon_nb.metrics.series import SeriesStore
 from msmon_nb.rundir import (
     backup_config,
+    claim_rank_dir,
     claim_run_dir,
     default_run_name,
     environment,
@@ -103,8 +105,10 @@ class Monitor:
         self.step_count = 0
         self.last_step: int | None = None
         self.status = "created"
-        self.run_dir: Path | None = None
+        self.run_dir: Path | None = None  # the run (shared by all ranks of a job)
+        self.write_dir: Path | None = None  # where this process writes: run_dir or rank_<k>/
         self.run_name: str | None = None
+        self.ranks = detect()
         self.paused = False
         self._stop_requested = False
         self._stopped = False
@@ -146,8 +150,13 @@ class Monitor:
 
     def _open(self) -> None:
         cfg = self.config
-        name = cfg.run_name or default_run_name(cfg.model_name)
-        self.run_dir = claim_run_dir(cfg.save_dir, name)
+        ranks = self.ranks
+        if ranks.distributed:
+            name = cfg.run_name or shared_run_name(cfg.model_name)
+            self.run_dir, self.write_dir = claim_rank_dir(cfg.save_dir, name, ranks.rank)
+        else:
+            name = cfg.run_name or default_run_name(cfg.model_name)
+            self.run_dir = self.write_dir = claim_run_dir(cfg.save_dir, name)
         self.run_name = self.run_dir.name
         if cfg.run_name and self.run_name != cfg.run_name:
             warnings.warn(
@@ -156,18 +165,19 @@ class Monitor:
                 MonitorWarning,
                 stacklevel=3,
             )
-        backup_config(self.run_dir, cfg.to_dict(), getattr(cfg, "_source", None))
+        backup_config(self.write_dir, cfg.to_dict(), getattr(cfg, "_source", None))
         self._marker = {
             "run_name": self.run_name,
             "project_name": cfg.project_name,
             "status": "running",
             "start": time.time(),
-            "rank": 0,
+            "rank": ranks.rank,
+            "ranks": ranks.size,
             "config": cfg.to_dict(),
             **environment(),
         }
-        write_marker(self.run_dir, self._marker)
-        self._sinks = make_sinks(cfg.sink_types, self.run_dir, config=cfg)
+        write_marker(self.write_dir, self._marker)
+        self._sinks = make_sinks(cfg.sink_types, self.write_dir, rank=ranks.rank, config=cfg)
         self.status = "running"
         self._t_mark = time.perf_counter()
         _OPEN.append(self)
@@ -194,7 +204,7 @@ class Monitor:
             failed_outputs=self._sinks.failed,
         )
         try:
-            write_marker(self.run_dir, self._marker)
+            write_marker(self.write_dir, self._marker)
         except OSError as exc:
             if self._sinks.failed:  # the same disk fault was already reported once
                 log.debug("msmon: cannot update the marker of %s: %s", self.run_dir, exc)
@@ -327,8 +337,11 @@ class Monitor:
     def _attached(self, how: str) -> None:
         if self.config.verbose and not self._attach_reported:
             self._attach_reported = True
+            from msmon_nb.doctor import mindspore_brief
+
             print(
-                f"msmon: monitoring via {how} -> {self.run_dir} (every {self.collect_freq} steps)"
+                f"msmon: monitoring via {how} -> {self.run_dir} (every {self.collect_freq} "
+                f"steps; {mindspore_brief()})"
             )
 
     def _mark_step_start(self) -> None:

@@ -43,6 +43,26 @@ def claim_run_dir(save_dir: str | os.PathLike[str], name: str) -> Path:
             candidate = base / f"{name}.{n}"
 
 
+def claim_rank_dir(save_dir: str | os.PathLike[str], name: str, rank: int) -> tuple[Path, Path]:
+    """(run dir, ``rank_<rank>`` dir) for one rank of a distributed job.
+
+    Every rank takes the first of ``name``, ``name.2``... whose ``rank_<rank>`` dir it can
+    create: ranks of one job that reuse an old job's name all step past the same old
+    dirs, so they still agree, with no communication between them.
+    """
+    base = Path(save_dir)
+    n = 1
+    while True:
+        run_dir = base / (name if n == 1 else f"{name}.{n}")
+        rank_dir = run_dir / f"rank_{rank}"
+        try:
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            rank_dir.mkdir(mode=0o700)
+            return run_dir, rank_dir
+        except FileExistsError:
+            n += 1
+
+
 def environment() -> dict[str, Any]:
     """Versions and host facts recorded with every run (the seed's self-check)."""
     from msmon_nb import __version__
@@ -65,6 +85,9 @@ def environment() -> dict[str, Any]:
     np_mod = sys.modules.get("numpy")
     if np_mod is not None:
         info["numpy"] = np_mod.__version__
+    from msmon_nb.doctor import quick_facts  # the cheap part of `msmon doctor`
+
+    info.update(quick_facts())
     return info
 
 

@@ -9,6 +9,8 @@ While active it observes, for objects created before or after it began:
   is what shows an explosion);
 * ``nn.Optimizer.__call__`` (set on the class, so existing optimizers see it) -- a step
   ends when the optimizer returns; the learning rate is read just before the update;
+* ``nn.DistributedGradReducer.__call__`` -- in data parallel, the all-reduced gradients:
+  grad_norm is then the same on every rank;
 * ``mindspore.common.api._JitExecutor.__call__`` -- a step compiled with ``mindspore.jit``
   hides its insides; its returned loss is recorded, and ``grad_norm`` when it returns
   ``(loss, mm.global_norm(grads), ...)``;
@@ -61,6 +63,7 @@ class Watch:
     def _reset(self) -> None:
         self.loss: Any = None
         self.grads: Any = None
+        self.reduced: Any = None
         self.grad_norm: Any = None
 
     # --- patching -----------------------------------------------------------------------
@@ -141,7 +144,19 @@ class Watch:
 
         self._patch(base, "_pynative_forward_run", forward_run)
         self._patch(base, "_pynative_func_grad_backward", grad_backward)
+
+        def reducer_call(reducer, *args, **kwargs):
+            watch._in_opt += 1  # its own jit graphs are not steps
+            try:
+                out = cell_call(reducer, *args, **kwargs)
+            finally:
+                watch._in_opt -= 1
+            if watch.collect and not watch._in_model:
+                watch.reduced = out  # data parallel: the gradients every rank applies
+            return out
+
         self._patch(nn.Optimizer, "__call__", optimizer_call)
+        self._patch(nn.DistributedGradReducer, "__call__", reducer_call)
         self._patch(api._JitExecutor, "__call__", jit_executor_call)
         if self.monitor.config.use_callback:
             # where `callbacks` sits: train(epoch, dataset, callbacks, ...), eval(dataset,
@@ -258,7 +273,9 @@ class Watch:
             monitor._add_timing(waited, now - self._t_begin)
             self._t_begin = None
         if self.collect:
-            grads = self.grads if self.grads is not None else opt_grads
+            # all-reduced gradients first (identical on every rank), else the raw ones
+            # before any clipping, else what the optimizer received
+            grads = next((g for g in (self.reduced, self.grads, opt_grads) if g is not None), None)
             global_step = None
             if opt is not None and self._wants("global_step"):
                 global_step = self._guard(read_global_step, opt)

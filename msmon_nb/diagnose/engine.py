@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
 from msmon_nb.diagnose.settings import resolve_settings
 from msmon_nb.diagnose.stream import MetricMissing, NonFinite, StepOrder
@@ -63,6 +64,11 @@ class Diagnoser:
             if tags and "metric_missing" not in disabled
             else None
         )
+        self._data_bound = (
+            DataBound(**{k: v for k, v in self.settings["data_bound"].items() if k != "action"})
+            if "data_bound" not in disabled
+            else None
+        )
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -103,6 +109,11 @@ class Diagnoser:
                 f = rule.update(step, value)
                 if f is not None:
                     self._raise(new, step, kind, tag, f, _flag(rule))
+        bound = self._data_bound
+        if bound is not None and DATA_TAG in values and COMPUTE_TAG in values:
+            f = bound.update(step, float(values[DATA_TAG]), float(values[COMPUTE_TAG]))
+            if f is not None:
+                self._raise(new, step, "data_bound", DATA_TAG, f, _flag(bound))
         missing = self._missing
         if missing is not None and (missing.pending or missing.reported):
             for tag, f in missing.update(step, values):

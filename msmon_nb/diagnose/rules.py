@@ -42,6 +42,7 @@ SEVERITY: dict[str, str] = {
     "lr_warmup": "warning",
     "lr_decay": "warning",
     "metric_missing": "warning",
+    "data_bound": "warning",
     "step_order": "warning",
 }
 
@@ -104,8 +105,8 @@ def detect(
             for _tag, f in order.update(step, (name,)):
                 out.append(Alert(step, kind, severity, f.message, f.since_step, name, None, rank))
         return out
-    if kind == "metric_missing":
-        raise ValueError("metric_missing spans several series; feed a Diagnoser instead")
+    if kind in ("metric_missing", "data_bound"):
+        raise ValueError(f"{kind} spans several series; feed a Diagnoser instead")
     if values is None:
         raise ValueError(f"{kind} needs values")
     value_list = [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]

@@ -169,6 +169,10 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
     "metric_missing": {
         "patience": (100, _count(1), 500),
     },
+    "data_bound": {
+        "share": (0.5, _fraction, 0.6),
+        "window": (10, _count(2), 20),
+    },
     "step_order": {},
 }
 

@@ -6,10 +6,12 @@ file, only its first ``head_bytes`` and its last ``tail_bytes`` (the tail found 
 searching for a record whose length checksum holds and whose successor is also framed),
 and after that only what was appended, so a listing costs a stat per file once warm.
 
-What it gives per run (``RunInfo``): tags, last step, last write, status and ranks.
-``exact`` is False when a middle part of some file was skipped; then a tag written only
-there is missing until the run is fully loaded with ``Run``. Status follows
-``Run.status`` except that "damaged" is only reported for damage seen in the parts read.
+What it gives per run (``RunInfo``): tags, last step, last write, status and ranks, and
+for a distributed run (``rank_<k>/`` dirs, each with its own marker) every rank's last
+step and status. ``exact`` is False when a middle part of some file was skipped; then a
+tag written only there is missing until the run is fully loaded with ``Run``. Status
+follows ``Run.status`` except that "damaged" is only reported for damage seen in the
+parts read.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class RunInfo:
     ranks: tuple[int, ...]
     exact: bool  # every byte of every file was read (else tags may miss rare ones)
     signature: tuple = field(compare=False, repr=False)  # changes when any file changes
+    rank_last_step: dict[int, int | None] = field(default_factory=dict, compare=False)
+    rank_status: dict[int, str] = field(default_factory=dict, compare=False)  # marked ranks
 
 
 @dataclass
@@ -274,6 +278,8 @@ class RunIndex:
         self.base = Path(base)
         self._scanner = _Scanner(head_bytes, tail_bytes, follow_bytes)
         self._files: dict[Path, _FileScan] = {}
+        self._markers: dict[Path, tuple[tuple[int, int], dict | None]] = {}
+        self._touched: set[Path] = set()  # markers looked at by the current scan
         self._clock = clock
 
     def run_dirs(self) -> dict[str, Path]:
@@ -282,16 +288,68 @@ class RunIndex:
             return {}
         out = {}
         for path in find_run_dirs(self.base):
+            path = self._job_dir(path)
             rel = path.relative_to(self.base).as_posix()
             out[rel if rel != "." else path.name] = path
         return out
 
+    def _job_dir(self, path: Path) -> Path:
+        """The run a ``rank_<k>/`` dir belongs to, for a found dir that is one.
+
+        Before any rank has flushed a summary file, the job dir holds only ``rank_<k>/``
+        dirs with markers, so discovery stops at those; listing them as runs of their own
+        would rename the run once its files appear.
+        """
+        if path == self.base or not _RANK_DIR_RE.match(path.name):
+            return path
+        marker = self._marker(path)
+        try:
+            distributed = int((marker or {}).get("ranks", 1)) > 1
+        except (TypeError, ValueError):
+            distributed = False
+        return path.parent if distributed else path
+
+    def _marker(self, run_dir: Path) -> dict | None:
+        """``read_marker``, re-read only when the file changed; None when absent."""
+        path = run_dir / MARKER
+        self._touched.add(path)
+        try:
+            st = path.stat()
+        except OSError:
+            self._markers.pop(path, None)
+            return None
+        key = (st.st_size, st.st_mtime_ns)
+        cached = self._markers.get(path)
+        if cached is None or cached[0] != key:
+            cached = self._markers[path] = (key, read_marker(run_dir))
+        return cached[1]
+
+    def _rank_markers(self, path: Path) -> dict[int, tuple[dict | None, tuple]]:
+        """rank -> (marker of ``rank_<k>/``, its stat signature), for ranks with a marker."""
+        out = {}
+        try:
+            entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return out
+        for entry in entries:
+            match = _RANK_DIR_RE.match(entry.name)
+            if match is None:
+                continue
+            marker = self._marker(Path(entry.path))
+            if marker is not None:
+                key = self._markers[Path(entry.path) / MARKER][0]
+                out[int(match.group(1))] = (marker, key)
+        return dict(sorted(out.items()))
+
     def scan(self) -> list[RunInfo]:
         """Every run under the base dir, sorted by name."""
         seen: set[Path] = set()
+        self._touched: set[Path] = set()
         infos = [self._info(name, path, seen) for name, path in self.run_dirs().items()]
         for gone in set(self._files) - seen:
             del self._files[gone]
+        for gone in set(self._markers) - self._touched:
+            del self._markers[gone]
         return sorted(infos, key=lambda i: i.name)
 
     def info(self, name: str, path: Path) -> RunInfo:
@@ -309,20 +367,33 @@ class RunIndex:
             self._files[file] = scan
             seen.add(file)
             scans.append((file, scan))
-        marker = read_marker(path)
-        marker_sig: tuple = ()
-        try:
-            st = (path / MARKER).stat()
-            marker_sig = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            pass
+        marker = self._marker(path)
+        marker_sig = self._markers[path / MARKER][0] if (path / MARKER) in self._markers else ()
         last_write = max((s.mtime_ns for _, s in scans), default=None)
         last_write_s = None if last_write is None else last_write / 1e9
-        status = base_status(marker, [f for f, _ in scans], last_write_s, self._clock())
+        now = self._clock()
+        rank_markers = self._rank_markers(path)
+        rank_status = {}
+        for rank, (rank_marker, _) in rank_markers.items():
+            mine = [(f, s) for f, s in scans if s.rank == rank]
+            written = max((s.mtime_ns for _, s in mine), default=None)
+            rank_status[rank] = base_status(
+                rank_marker,
+                [f for f, _ in mine],
+                None if written is None else written / 1e9,
+                now,
+            )
+        if rank_status:  # as Run.status: the most alarming state of any rank
+            statuses = set(rank_status.values())
+            status = next(
+                (s for s in ("running", "interrupted", "stopped") if s in statuses), "finished"
+            )
+        else:
+            status = base_status(marker, [f for f, _ in scans], last_write_s, now)
         if status != "running" and any(s.damaged for _, s in scans):
             status = "damaged"
-        ranks = sorted({s.rank for _, s in scans}) or [0]
-        first_rank = ranks[0]
+        ranks = sorted({s.rank for _, s in scans} | set(rank_markers)) or [0]
+        first_rank = min((s.rank for _, s in scans), default=ranks[0])
         tags = sorted({t for _, s in scans if s.rank == first_rank for t in s.tags})
         newest: dict[int, tuple[float, int]] = {}  # rank -> (wall, step) of its newest record
         for _, s in scans:  # as Run.last_step: the record with the latest wall time wins
@@ -335,6 +406,8 @@ class RunIndex:
             tuple((str(f), s.size, s.mtime_ns) for f, s in scans),
             marker_sig,
             status,
+            tuple((rank, key) for rank, (_, key) in rank_markers.items()),
+            tuple(rank_status.items()),
         )
         return RunInfo(
             name=name,
@@ -346,4 +419,6 @@ class RunIndex:
             ranks=tuple(ranks),
             exact=all(s.complete for _, s in scans),
             signature=signature,
+            rank_last_step={r: newest[r][1] if r in newest else None for r in ranks},
+            rank_status=rank_status,
         )

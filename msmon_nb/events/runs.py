@@ -63,6 +63,16 @@ class ScalarSeries(NamedTuple):
     wall_times: np.ndarray  # float64
 
 
+class MergedSeries(NamedTuple):
+    """One tag across the ranks of a run: per step, the mean, min, max and how many ranks."""
+
+    steps: np.ndarray
+    mean: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    count: np.ndarray
+
+
 class Point(NamedTuple):
     """One histogram, tensor or image at a step."""
 
@@ -346,21 +356,72 @@ class Run:
         return status
 
     def _base_status(self) -> str:
-        marker = self.marker
+        by_rank = self.rank_status()
+        if by_rank:
+            statuses = set(by_rank.values())
+            for status in ("running", "interrupted", "stopped"):
+                if status in statuses:
+                    return status
+            return "finished"
+        return self._status_of(self.marker, self.files)
+
+    def _status_of(self, marker: dict[str, Any] | None, files: list[Path]) -> str:
         if marker and marker.get("status") in ("finished", "stopped", "interrupted"):
             return str(marker["status"])
         if marker and marker.get("status") == "running":
             if marker.get("host") == socket.gethostname() and marker.get("pid"):
                 return "running" if _pid_alive(int(marker["pid"])) else "interrupted"
-            return "running" if self._recent(600) else "interrupted"
-        files = self.files
+            return "running" if _recent(files, 600) else "interrupted"
         if files and all(not os.access(f, os.W_OK) or _readonly(f) for f in files):
             return "finished"
-        return "running" if self._recent(RECENT_SECS) else "interrupted"
+        return "running" if _recent(files, RECENT_SECS) else "interrupted"
 
-    def _recent(self, secs: float) -> bool:
-        last = self.last_write
-        return last is not None and time.time() - last < secs
+    @property
+    def rank_markers(self) -> dict[int, dict[str, Any]]:
+        """rank -> the ``msmon_run.json`` of ``rank_<k>/`` (distributed runs written by us)."""
+        out = {}
+        for path in sorted(self.path.glob(f"rank_*/{MARKER}")):
+            match = _RANK_DIR_RE.match(path.parent.name)
+            try:
+                marker = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if match and isinstance(marker, dict):
+                out[int(match.group(1))] = marker
+        return out
+
+    def rank_status(self) -> dict[int, str]:
+        """rank -> running/finished/stopped/interrupted, for runs with per-rank markers."""
+        markers = self.rank_markers
+        if not markers:
+            return {}
+        files: dict[int, list[Path]] = {}
+        for path, state in self._files.items():
+            files.setdefault(state.rank, []).append(path)
+        return {rank: self._status_of(m, files.get(rank, [])) for rank, m in markers.items()}
+
+    def rank_last_step(self) -> dict[int, int | None]:
+        """rank -> the step of its most recent record."""
+        self._load()
+        return {rank: data.last_step for rank, data in sorted(self._ranks.items())}
+
+    def merged(self, tag: str) -> MergedSeries:
+        """Mean, min and max of ``tag`` across ranks at each step any rank recorded."""
+        self._load()
+        parts = [data.scalars[tag].purged() for data in self._ranks.values() if tag in data.scalars]
+        if not parts:
+            known = {t for data in self._ranks.values() for t in data.scalars}
+            raise KeyError(_unknown(tag, known, self.name))
+        steps = np.concatenate([p.steps for p in parts])
+        values = np.concatenate([p.values for p in parts]).astype(np.float64)
+        unique, inverse = np.unique(steps, return_inverse=True)
+        count = np.bincount(inverse, minlength=len(unique))
+        total = np.bincount(inverse, weights=values, minlength=len(unique))
+        low = np.full(len(unique), np.inf)
+        high = np.full(len(unique), -np.inf)
+        np.minimum.at(low, inverse, values)
+        np.maximum.at(high, inverse, values)
+        return MergedSeries(unique, total / count, low, high, count)
 
     @property
     def alerts(self) -> list[dict[str, Any]]:
@@ -414,6 +475,8 @@ class Run:
             "last_write": self.last_write,
             "status": self.status,
             "ranks": self.ranks,
+            "rank_last_step": {str(k): v for k, v in self.rank_last_step().items()},
+            "rank_status": {str(k): v for k, v in self.rank_status().items()},
             "problems": [str(p) for p in self.problems],
         }
 
@@ -435,6 +498,16 @@ def _read_jsonl_files(run_dir: Path, name: str) -> list[dict[str, Any]]:
             if isinstance(item, dict):
                 out.append(item)
     return out
+
+
+def _recent(files: list[Path], secs: float) -> bool:
+    times = []
+    for path in files:
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return bool(times) and time.time() - max(times) < secs
 
 
 def _readonly(path: Path) -> bool:

@@ -8,7 +8,9 @@ thread, so this keeps working after the cell has returned and the kernel is idle
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from msmon_nb.events.runs import Run
 
@@ -41,8 +43,8 @@ class Follower:
         """Read what was appended and redraw."""
         run = self.run
         run.refresh()
-        series = {tag: run.scalars(tag) for tag in run.tags()}
-        self.panel.show_series(series, run.alerts)
+        series, alerts = run_series(run)
+        self.panel.show_series(series, alerts, snapshots=run.snapshots)
         self.panel.status.value = (
             f"&nbsp;<b>{run.status}</b> &middot; last step {run.last_step} &middot; following"
         )
@@ -58,6 +60,36 @@ class Follower:
             if self.run.status not in ("running",):
                 self.draw()
                 return
+
+
+class _Column(NamedTuple):
+    steps: np.ndarray
+    values: np.ndarray
+
+
+def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
+    """What the panel draws for a run: its series, and its alerts.
+
+    A distributed run gives one line per rank (``<tag>@rank<k>``, the first
+    ``MAX_RANK_LINES`` ranks) plus the band across all ranks (``@min``/``@max``), and its
+    cross-rank alerts next to each rank's own.
+    """
+    ranks = run.ranks
+    if len(ranks) < 2:
+        return {tag: run.scalars(tag) for tag in run.tags()}, run.alerts
+    from msmon_nb.diagnose.ranks import rank_alerts
+    from msmon_nb.notebook.render import MAX_RANK_LINES
+
+    series: dict[str, Any] = {}
+    for tag in run.tags(rank=ranks[0]):
+        for rank in ranks[:MAX_RANK_LINES]:
+            if tag in run.tags(rank=rank):
+                series[f"{tag}@rank{rank}"] = run.scalars(tag, rank=rank)
+        merged = run.merged(tag)
+        series[f"{tag}@min"] = _Column(merged.steps, merged.min)
+        series[f"{tag}@max"] = _Column(merged.steps, merged.max)
+    alerts = [*run.alerts, *(a.to_dict() for a in rank_alerts(run))]
+    return series, alerts
 
 
 def follow_run(run: Run, interval: float = 1.0) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from msmon_nb.notebook.render import ChartRenderer, RenderOptions
+from msmon_nb.notebook.snapshots_view import snapshots_html
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -63,11 +64,13 @@ class Panel:
         self._drawn_version = -1
         self._dirty = True
         self._status = "running" if live else "finished"
+        self._snapshots_shown = 0
 
         self.title = w.HTML(f"<b>msmon</b> &middot; {html.escape(title)}")
         self.status = w.HTML()
         self.image = w.Image(format="png", layout=w.Layout(width="100%", max_width="900px"))
         self.alerts = w.HTML()
+        self.snapshots = w.HTML()
         where = html.escape(str(run_dir)) if run_dir else ""
         self.footer = w.HTML(
             f"<span style='color:#666;font-size:90%'>run dir: <code>{where}</code></span>"
@@ -119,6 +122,7 @@ class Panel:
                 w.HBox([*controls, self.smooth, self.scale]),
                 self.image,
                 self.alerts,
+                self.snapshots,
                 self.footer,
             ]
         )
@@ -188,7 +192,9 @@ class Panel:
         monitor = self.monitor
         t0 = self.clock()
         if monitor is not None:
-            self.show_series(monitor.series, monitor.alerts, self._expected_step())
+            self.show_series(
+                monitor.series, monitor.alerts, self._expected_step(), monitor.snapshots
+            )
             self._drawn_version = monitor.series.version
         self._update_status()
         cost = self.clock() - t0
@@ -207,12 +213,19 @@ class Panel:
         return monitor.last_step + rate * max(elapsed, 10.0)
 
     def show_series(
-        self, series: Mapping[str, Any], alerts: list[Any], expect_step: float | None = None
+        self,
+        series: Mapping[str, Any],
+        alerts: list[Any],
+        expect_step: float | None = None,
+        snapshots: list[Any] | None = None,
     ) -> None:
-        """Draw ``series`` (tag -> steps/values) and the alert strip."""
+        """Draw ``series`` (tag -> steps/values), the alert strip and the snapshot table."""
         if series:
             self.image.value = self.renderer.render(series, expect_step)
         self.alerts.value = _alerts_html(alerts, self.renderer.first_nonfinite())
+        if snapshots is not None and len(snapshots) != self._snapshots_shown:
+            self._snapshots_shown = len(snapshots)
+            self.snapshots.value = snapshots_html(snapshots)
 
     def warm_up(self) -> None:
         """Build the figure and draw it once, before the loop starts (not budgeted)."""

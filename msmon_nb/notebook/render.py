@@ -31,6 +31,7 @@ CORE_CHARTS = (
     ("throughput (samples/s)", ("train/throughput",)),
 )
 LOG_BY_DEFAULT = frozenset({"train/grad_norm"})
+MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # shown as numbers elsewhere (global_step) or the inverse of a core chart (step_time)
 _NOT_CHARTED = frozenset({"train/global_step", "train/step_time"})
 MAX_LINES = 6
@@ -45,12 +46,27 @@ class Chart:
     tags: tuple[str, ...]
 
 
+def base_tag(key: str) -> str:
+    """The tag of a series key: ``train/loss@rank1`` and ``train/loss@max`` -> ``train/loss``."""
+    return key.split("@", 1)[0]
+
+
 def plan_charts(tags: list[str]) -> list[Chart]:
-    """The four core charts, then one chart per tag prefix (``val/``, ``sys/``...)."""
-    charts = [Chart(title, tags_) for title, tags_ in CORE_CHARTS]
+    """The four core charts, then one chart per tag prefix (``val/``, ``sys/``...).
+
+    Keys may carry a suffix (``train/loss@rank1``, ``@min``, ``@max``): a distributed
+    run's ranks and band are drawn together in the chart of their tag.
+    """
+    by_base: dict[str, list[str]] = {}
+    for key in sorted(tags):
+        by_base.setdefault(base_tag(key), []).append(key)
+    charts = [
+        Chart(title, tuple(k for t in tags_ for k in by_base.get(t, [t])))
+        for title, tags_ in CORE_CHARTS
+    ]
     core = {t for _, ts in CORE_CHARTS for t in ts}
     groups: dict[str, list[str]] = {}
-    for tag in sorted(tags):
+    for tag in sorted(by_base):
         if tag in core or tag in _NOT_CHARTED or tag.startswith("snap/"):
             continue
         if tag.startswith("param/"):
@@ -59,7 +75,8 @@ def plan_charts(tags: list[str]) -> list[Chart]:
             key = tag.split("/", 1)[0] + "/" if "/" in tag else tag
         groups.setdefault(key, []).append(tag)
     for key, members in groups.items():
-        charts.append(Chart(key, tuple(members[:MAX_LINES])))
+        keys = [k for tag in members for k in by_base[tag]]
+        charts.append(Chart(key, tuple(keys[:MAX_LINES])))
     return charts
 
 
@@ -130,6 +147,18 @@ def sticky_ylim(
     return (lo - pad, hi + pad)
 
 
+def _label(key: str, lines: int, tags: int) -> str | None:
+    """Legend text: none for a lone line; rank names within one tag; full keys otherwise."""
+    if lines < 2:
+        return None
+    base, _, suffix = key.partition("@")
+    if suffix in ("min", "max"):
+        return None if suffix == "max" else (f"{base} min..max" if tags > 1 else "min..max")
+    if tags > 1 or not suffix:
+        return key
+    return suffix
+
+
 def _skip_label_layout(ax) -> None:
     """Skip matplotlib's per-draw axis-label placement: our axes have no axis labels.
 
@@ -181,10 +210,25 @@ class ChartRenderer:
             ax.ticklabel_format(axis="x", style="plain", useOffset=False)
             ax.yaxis.set_minor_formatter(NullFormatter())  # log axes: no crowded minor labels
             ax.grid(True, alpha=0.3)
-            for i, tag in enumerate(chart.tags):
-                color = COLORS[i % len(COLORS)]
-                label = tag if len(chart.tags) > 1 else None
-                (raw,) = ax.plot([], [], color=color, lw=1.0, label=label, animated=True)
+            bases = {base_tag(t) for t in chart.tags}
+            color_index = 0
+            for tag in chart.tags:
+                band = tag.endswith(("@min", "@max"))  # the across-ranks envelope
+                if band:
+                    color = "#9e9e9e"
+                else:
+                    color = COLORS[color_index % len(COLORS)]
+                    color_index += 1
+                label = _label(tag, len(chart.tags), len(bases))
+                (raw,) = ax.plot(
+                    [],
+                    [],
+                    color=color,
+                    lw=0.8 if band else 1.0,
+                    ls="--" if band else "-",
+                    label=label,
+                    animated=True,
+                )
                 (smooth,) = ax.plot([], [], color=color, lw=1.8, alpha=0.0, animated=True)
                 self._lines[tag] = _Line(raw, smooth)
             if len(chart.tags) > 1:
@@ -232,7 +276,7 @@ class ChartRenderer:
             self.charts, self._nan_artists, self._limits, strict=True
         ):
             log = opts.scale == "log" or (
-                opts.scale == "auto" and any(t in LOG_BY_DEFAULT for t in chart.tags)
+                opts.scale == "auto" and any(base_tag(t) in LOG_BY_DEFAULT for t in chart.tags)
             )
             drawn, nan_steps, xs_all, ys_all = [], [], [], []
             for tag in chart.tags:

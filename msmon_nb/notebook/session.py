@@ -165,9 +165,15 @@ def show(run: Any, follow: bool = False, rank: int | None = None) -> Any:
         from msmon_nb.notebook.follow import follow_run
 
         return follow_run(run)
+    from msmon_nb.notebook.follow import run_series
+
     view = Panel(run.name, str(run.path), live=False)
-    series = {tag: run.scalars(tag, rank=rank) for tag in run.tags(rank=rank)}
-    view.show_series(series, run.alerts)
+    if rank is None:
+        series, alerts = run_series(run)
+    else:
+        series = {tag: run.scalars(tag, rank=rank) for tag in run.tags(rank=rank)}
+        alerts = [a for a in run.alerts if a.get("rank") in (None, rank)]
+    view.show_series(series, alerts, snapshots=run.snapshots)
     last = run.last_step
     view.status.value = (
         f"&nbsp;<b>{run.status}</b> &middot; last step {last} &middot; "

@@ -9,6 +9,12 @@ it, so non-finite numbers are encoded explicitly:
 * anywhere else (alerts, snapshot stats, ``min``/``max``) a non-finite number is the
   string ``"nan"``, ``"inf"`` or ``"-inf"``.
 
+Distributed runs: ``/api/runs`` gives each run's ``rank_last_step`` and ``rank_status``
+(``{"<rank>": ...}``); ``/api/scalars`` serves one rank with ``rank=K`` and all ranks
+merged with ``rank=all`` (the mean as ``values``, the band as ``band_min``/``band_max``,
+``rank_count`` ranks per point; see ``scalars``); ``/api/alerts`` adds the cross-rank
+alerts, marked ``"cross_rank": true``, to the ranks' own.
+
 Errors are ``ApiError(status, message)``; the server turns them into
 ``{"error": message}`` with that status (404 for an unknown run or tag).
 """
@@ -22,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.events.wire import Histogram
-from msmon_nb.viewer.downsample import downsample, nonfinite_kinds, select_range
+from msmon_nb.viewer.downsample import (
+    downsample,
+    downsample_band,
+    nonfinite_kinds,
+    range_slice,
+    select_range,
+)
 from msmon_nb.viewer.store import RunStore, UnknownRun
 
 DEFAULT_MAX_POINTS = 1000
@@ -89,43 +101,93 @@ def _int(query: Mapping[str, list[str]], name: str) -> int | None:
 
 
 def runs(store: RunStore, query: Mapping[str, list[str]]) -> Any:
-    """``[{name, path, tags, last_step, status, ranks, last_write, exact}]``."""
+    """``[{name, path, tags, last_step, status, ranks, last_write, exact, rank_last_step,
+    rank_status}]``."""
     return store.list_runs()
 
 
+def _nullable(values: np.ndarray) -> list[float | None]:
+    """``values`` as a list with None for each non-finite number."""
+    out: list[float | None] = values.tolist()
+    for i in np.flatnonzero(~np.isfinite(values)).tolist():
+        out[i] = None
+    return out
+
+
 def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
-    """One series, min/max-downsampled to about ``max_points`` (see module docstring)."""
+    """One series, min/max-downsampled to about ``max_points`` (see module docstring).
+
+    ``rank=K`` picks a rank of a distributed run (default: its lowest). ``rank=all``
+    merges the ranks: ``values`` is the mean across ranks per step (NaN if any rank's
+    value is), ``band_min``/``band_max`` the lowest and highest finite value of any rank
+    over the bucket each point stands for (at raw resolution: at that step), and
+    ``rank_count`` the fewest ranks present in that bucket; ``min``/``max`` span the band.
+    """
     run, tag = _one(query, "run"), _one(query, "tag")
     max_points = _int(query, "max_points") or DEFAULT_MAX_POINTS
     if not 2 <= max_points <= MAX_MAX_POINTS:
         raise ApiError(400, f"max_points={max_points}: use 2..{MAX_MAX_POINTS}, e.g. 1000")
-    start, end, rank = _int(query, "start"), _int(query, "end"), _int(query, "rank")
+    start, end = _int(query, "start"), _int(query, "end")
+    merged = _one(query, "rank", required=False) == "all"
+    rank = None if merged else _int(query, "rank")
     try:
-        series = store.scalars(run, tag, rank=rank)
+        series = store.merged(run, tag) if merged else store.scalars(run, tag, rank=rank)
     except UnknownRun:
         raise ApiError(404, f"no run {run!r} under {store.base}") from None
     except KeyError as exc:
         raise ApiError(404, str(exc.args[0]) if exc.args else str(exc)) from None
+    all_steps = series.steps
+    common = {
+        "run": run,
+        "tag": tag,
+        "rank": "all" if merged else rank,
+        "first_step": int(all_steps[0]) if len(all_steps) else None,
+        "last_step": int(all_steps[-1]) if len(all_steps) else None,
+    }
+    if merged:
+        return {**common, **_band(series, start, end, max_points)}
     steps, values = select_range(series.steps, series.values, start, end)
     sampled = downsample(steps, values, max_points)
     vals = sampled.values
     finite = vals[np.isfinite(vals)]
     bad_idx, kinds = nonfinite_kinds(vals)
-    out_values: list[float | None] = vals.tolist()
-    for i in bad_idx.tolist():
-        out_values[i] = None
     return {
-        "run": run,
-        "tag": tag,
+        **common,
         "steps": sampled.steps.tolist(),
-        "values": out_values,
+        "values": _nullable(vals),
         "min": float(finite.min()) if len(finite) else None,
         "max": float(finite.max()) if len(finite) else None,
         "raw": sampled.raw,
         "count": sampled.count,
         "nonfinite": {"steps": sampled.steps[bad_idx].tolist(), "kinds": kinds},
-        "first_step": int(series.steps[0]) if len(series.steps) else None,
-        "last_step": int(series.steps[-1]) if len(series.steps) else None,
+    }
+
+
+def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> dict[str, Any]:
+    """The ``rank=all`` part of ``/api/scalars`` (see ``scalars``)."""
+    cut = range_slice(merged.steps, start, end)
+    sampled = downsample_band(
+        merged.steps[cut],
+        merged.mean[cut],
+        merged.min[cut],
+        merged.max[cut],
+        merged.count[cut],
+        max_points,
+    )
+    bad_idx, kinds = nonfinite_kinds(sampled.values)
+    low = sampled.low[np.isfinite(sampled.low)]
+    high = sampled.high[np.isfinite(sampled.high)]
+    return {
+        "steps": sampled.steps.tolist(),
+        "values": _nullable(sampled.values),
+        "band_min": _nullable(sampled.low),
+        "band_max": _nullable(sampled.high),
+        "rank_count": sampled.count.tolist(),
+        "min": float(low.min()) if len(low) else None,
+        "max": float(high.max()) if len(high) else None,
+        "raw": sampled.raw,
+        "count": sampled.n,
+        "nonfinite": {"steps": sampled.steps[bad_idx].tolist(), "kinds": kinds},
     }
 
 
@@ -139,7 +201,8 @@ def _per_run(store: RunStore, query: Mapping[str, list[str]], what: str) -> Any:
 
 
 def alerts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
-    """The run's alerts, oldest first."""
+    """The run's alerts, by step: each rank's own, and the cross-rank ones
+    (``"cross_rank": true``, with the rank they name)."""
     return _per_run(store, query, "alerts")
 
 

@@ -10,6 +10,10 @@ later). Non-finite values (NaN, +Inf, -Inf) are never averaged away either: each
 that holds one contributes its first NaN and its first infinity, so the page can mark
 them.
 
+``downsample_band`` does the same for a run's ranks merged: the mean line is reduced by
+the same rule, and each point it keeps carries the min of the ranks' minima and the max
+of their maxima over its bucket, so a spike on any one rank stays in the band.
+
 Everything is vectorised numpy: 1 M points take a few milliseconds.
 """
 
@@ -35,9 +39,15 @@ def select_range(
     steps: np.ndarray, values: np.ndarray, start: int | None, end: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The points with ``start <= step <= end`` (``steps`` sorted; None = open end)."""
+    cut = range_slice(steps, start, end)
+    return steps[cut], values[cut]
+
+
+def range_slice(steps: np.ndarray, start: int | None, end: int | None) -> slice:
+    """The slice of sorted ``steps`` with ``start <= step <= end`` (None = open end)."""
     lo = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
     hi = len(steps) if end is None else int(np.searchsorted(steps, end, side="right"))
-    return steps[lo:hi], values[lo:hi]
+    return slice(lo, hi)
 
 
 def downsample(steps: np.ndarray, values: np.ndarray, max_points: int) -> Sampled:
@@ -55,6 +65,73 @@ def downsample(steps: np.ndarray, values: np.ndarray, max_points: int) -> Sample
     values = np.asarray(values, dtype=np.float64)
     if n <= max_points:
         return Sampled(np.asarray(steps, dtype=np.int64), values, True, n)
+    chosen, _ = _choose(values, max_points)
+    return Sampled(np.asarray(steps[chosen], dtype=np.int64), values[chosen], False, n)
+
+
+class SampledBand(NamedTuple):
+    """Points chosen for a band chart: a centre line and, per point, its bucket's extent."""
+
+    steps: np.ndarray  # int64
+    values: np.ndarray  # float64: the centre line (e.g. the mean across ranks)
+    low: np.ndarray  # float64: lowest ``low`` of the bucket the point stands for (NaN: none)
+    high: np.ndarray  # float64: highest ``high`` of that bucket
+    count: np.ndarray  # int: fewest ``count`` in that bucket (e.g. ranks present)
+    raw: bool
+    n: int  # points in the requested range before downsampling
+
+
+def downsample_band(
+    steps: np.ndarray,
+    values: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    count: np.ndarray,
+    max_points: int,
+) -> SampledBand:
+    """``downsample`` of the centre line ``values``, with the band's extremes kept.
+
+    The centre line keeps each bucket's min and max points (its spikes survive); each
+    chosen point carries the min of ``low`` and the max of ``high`` over its bucket (the
+    min of the ranks' minima, the max of their maxima), so one rank's one-step spike
+    stays in the band however far the series is reduced. NaN in ``low``/``high`` means
+    no value there and is skipped.
+    """
+    if max_points < 2:
+        raise ValueError(f"max_points={max_points}: use at least 2, e.g. max_points=1000")
+    n = len(steps)
+    values = np.asarray(values, dtype=np.float64)
+    low = np.asarray(low, dtype=np.float64)
+    high = np.asarray(high, dtype=np.float64)
+    if n <= max_points:
+        return SampledBand(
+            np.asarray(steps, dtype=np.int64), values, low, high, np.asarray(count), True, n
+        )
+    chosen, size = _choose(values, max_points)
+    used = -(-n // size)
+    pad = used * size - n
+    lows = _buckets(np.where(np.isnan(low), np.inf, low), pad, np.inf, used, size).min(axis=1)
+    highs = _buckets(np.where(np.isnan(high), -np.inf, high), pad, -np.inf, used, size)
+    highs = highs.max(axis=1)
+    big = np.iinfo(np.int64).max
+    counts = _buckets(np.asarray(count, dtype=np.int64), pad, big, used, size).min(axis=1)
+    lows[np.isposinf(lows)] = np.nan
+    highs[np.isneginf(highs)] = np.nan
+    bucket = chosen // size
+    return SampledBand(
+        np.asarray(steps[chosen], dtype=np.int64),
+        values[chosen],
+        lows[bucket],
+        highs[bucket],
+        counts[bucket],
+        False,
+        n,
+    )
+
+
+def _choose(values: np.ndarray, max_points: int) -> tuple[np.ndarray, int]:
+    """Indices ``downsample`` keeps of ``values`` (longer than ``max_points``), bucket size."""
+    n = len(values)
     buckets = max(1, (max_points - 2) // 2)
     size = -(-n // buckets)  # ceil: every bucket but the last holds exactly `size` points
     used = -(-n // size)
@@ -73,7 +150,7 @@ def downsample(steps: np.ndarray, values: np.ndarray, max_points: int) -> Sample
         bad = _buckets(bad, pad, False, used, size)
         parts.append((offsets + bad.argmax(axis=1))[bad.any(axis=1)])
     chosen = np.unique(np.concatenate(parts))  # sorted; a bucket whose min is its max: 1 point
-    return Sampled(np.asarray(steps[chosen], dtype=np.int64), values[chosen], False, n)
+    return chosen, size
 
 
 def _buckets(arr: np.ndarray, pad: int, fill, used: int, size: int) -> np.ndarray:

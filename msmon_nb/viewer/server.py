@@ -114,6 +114,7 @@ class ViewerServer(ThreadingHTTPServer):
         """Stop serving, release event-stream clients, close the socket."""
         self.closing.set()
         self.events.close()
+        self.store.close()
         if self._serving is not None:
             self.shutdown()
             self._serving.join(5)
@@ -313,5 +314,6 @@ def serve(
     finally:
         server.closing.set()
         server.events.close()
+        server.store.close()
         server.server_close()
     return 0

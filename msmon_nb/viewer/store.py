@@ -5,10 +5,16 @@ long runs lists in well under a second. A run is fully loaded (``Run``) only whe
 client asks for its data; from then on the watcher's ``poll()`` tails it, so requests
 never read files and two requests never load the same run twice.
 
-Thread model: ``ThreadingHTTPServer`` runs one thread per connection plus the watcher.
-Each loaded run has its own lock, held while it is refreshed or while a series is taken
-out of it; the arrays handed out are never modified afterwards (new data is appended to
-new chunks), so downsampling and JSON encoding run outside the lock.
+A distributed run laid out as ``rank_<k>/`` dirs is held as a ``RankedRun`` (``ranks.py``:
+rank by rank, done ranks kept compact); any other run as a ``Run``. Series merged across
+ranks are computed once per run version and kept. Cross-rank alerts are evaluated by a
+worker thread (``crossrank.py``) whenever a run with several ranks is loaded or grows.
+
+Thread model: ``ThreadingHTTPServer`` runs one thread per connection plus the watcher
+and the cross-rank worker. Each loaded run has its own lock, held while it is refreshed
+or while a series is taken out of it; the arrays handed out are never modified
+afterwards (new data is appended to new chunks), so downsampling and JSON encoding run
+outside the lock.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from msmon_nb.events.index import RunIndex, RunInfo
-from msmon_nb.events.runs import ALERTS, SNAPSHOTS, Run, ScalarSeries
+from msmon_nb.events.runs import ALERTS, SNAPSHOTS, Run
+from msmon_nb.viewer.crossrank import CrossRankAlerts
+from msmon_nb.viewer.ranks import Merged, RankedRun, RankView, is_ranked, merge_ranks
 
 
 class UnknownRun(KeyError):
@@ -28,10 +36,12 @@ class UnknownRun(KeyError):
 
 @dataclass
 class _Loaded:
-    run: Run
+    run: Run | RankedRun
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded: bool = False
     signature: tuple = ()
+    version: int = 0  # bumped whenever the run's data or status changes
+    merged: dict[str, tuple[int, Merged]] = field(default_factory=dict)
 
 
 class RunStore:
@@ -46,6 +56,16 @@ class RunStore:
         self._infos: dict[str, RunInfo] = {}
         self._side_files: dict[str, tuple] = {}
         self._polled: dict[str, RunInfo] = {}  # what the last poll() saw, for its diffs
+        self._events: list[tuple[str, dict[str, Any]]] = []  # raised between polls
+        self.cross_rank = CrossRankAlerts(self._cross_rank_changed)
+
+    def close(self) -> None:
+        """Stop the cross-rank worker."""
+        self.cross_rank.close()
+
+    def _cross_rank_changed(self, name: str) -> None:
+        with self._lock:
+            self._events.append(("alerts", {"run": name}))
 
     # --- listing ----------------------------------------------------------------------
 
@@ -74,6 +94,8 @@ class RunStore:
                         "ranks": run.ranks,
                         "last_write": run.last_write,
                         "exact": True,
+                        "rank_last_step": _str_keys(run.rank_last_step()),
+                        "rank_status": _str_keys(run.rank_status()),
                     }
             else:
                 item = {
@@ -85,6 +107,8 @@ class RunStore:
                     "ranks": list(info.ranks),
                     "last_write": info.last_write,
                     "exact": info.exact,
+                    "rank_last_step": _str_keys(info.rank_last_step),
+                    "rank_status": _str_keys(info.rank_status),
                 }
             out.append(item)
         return out
@@ -107,8 +131,10 @@ class RunStore:
                 info = self._infos.get(name)
         if info is None:
             raise UnknownRun(name)
+        path = Path(info.path)
+        run = RankedRun(path, name=name) if is_ranked(path) else Run(path, name=name)
         with self._lock:
-            entry = self._loaded.setdefault(name, _Loaded(Run(info.path, name=name)))
+            entry = self._loaded.setdefault(name, _Loaded(run))
         return entry
 
     def run(self, name: str) -> _Loaded:
@@ -119,21 +145,59 @@ class RunStore:
                 if not entry.loaded:
                     entry.run.refresh()
                     entry.loaded = True
+                    entry.version += 1
                     with self._lock:
                         info = self._infos.get(name)
                     entry.signature = info.signature if info else ()
+                    self._submit_cross_rank(name, entry)
         return entry
 
-    def scalars(self, name: str, tag: str, rank: int | None = None) -> ScalarSeries:
-        """The series of ``tag`` (KeyError naming the known tags when absent)."""
+    def _submit_cross_rank(self, name: str, entry: _Loaded) -> None:
+        """Queue the cross-rank rules for the run's current version (hold ``entry.lock``)."""
+        if len(entry.run.ranks) > 1:
+            self.cross_rank.submit(name, entry.version, RankView(entry.run))
+
+    def scalars(self, name: str, tag: str, rank: int | None = None) -> Any:
+        """The series of ``tag`` (``.steps``, ``.values``; KeyError naming the known tags)."""
         entry = self.run(name)
         with entry.lock:
             return entry.run.scalars(tag, rank=rank)
 
+    def merged(self, name: str, tag: str) -> Merged:
+        """``tag`` merged across the run's ranks (computed once per run version)."""
+        entry = self.run(name)
+        with entry.lock:
+            cached = entry.merged.get(tag)
+            if cached is not None and cached[0] == entry.version:
+                return cached[1]
+            run = entry.run
+            parts = [run.scalars(tag, rank=r) for r in run.ranks if tag in _tags(run, r)]
+            if not parts:
+                known = sorted({t for r in run.ranks for t in _tags(run, r)})
+                raise KeyError(
+                    f"run {name!r} has no scalar tag {tag!r} on any rank; "
+                    f"it has: {', '.join(known) or 'none'}"
+                )
+            merged = merge_ranks(parts)
+            entry.merged[tag] = (entry.version, merged)
+            return merged
+
     def alerts(self, name: str) -> list[dict[str, Any]]:
-        """The run's alerts (read from disk each time: the file is small and appended)."""
+        """The run's own alerts and, for several ranks, the cross-rank ones, by step.
+
+        Own alerts are read from disk each time (the files are small and appended);
+        cross-rank ones (``cross_rank: true``) are the worker's latest result, so they
+        may appear a moment after the run is loaded (an ``alerts`` event says when).
+        """
         entry = self._entry(name)
-        return entry.run.alerts
+        with self._lock:
+            info = self._infos.get(name)
+        several = len(entry.run.ranks) > 1 if entry.loaded else bool(info and len(info.ranks) > 1)
+        own = entry.run.alerts
+        if not several:
+            return own
+        self.run(name)  # loading queues the cross-rank rules
+        return sorted(own + self.cross_rank.get(name), key=_step_key)
 
     def snapshots(self, name: str) -> list[dict[str, Any]]:
         """The run's tensor snapshots with their stats and histograms."""
@@ -154,12 +218,13 @@ class RunStore:
         infos = {i.name: i for i in self.scan()}
         self._polled = infos
         events: list[tuple[str, dict[str, Any]]] = []
-        listed = {n: i.status for n, i in infos.items()}
-        if listed != {n: i.status for n, i in before.items()}:
+        listed = {n: (i.status, i.rank_status) for n, i in infos.items()}
+        if listed != {n: (i.status, i.rank_status) for n, i in before.items()}:
             events.append(("runs", {"names": sorted(infos)}))
         with self._lock:
             for gone in set(self._loaded) - set(infos):
                 del self._loaded[gone]
+                self.cross_rank.forget(gone)
         for gone in set(self._side_files) - set(infos):
             del self._side_files[gone]
         for name, info in infos.items():
@@ -170,7 +235,9 @@ class RunStore:
                 with entry.lock:
                     grew = entry.run.refresh()
                     entry.signature = info.signature
+                    entry.version += 1
                     last_step = entry.run.last_step
+                    self._submit_cross_rank(name, entry)
                 if grew:
                     events.append(("data", {"run": name, "last_step": last_step}))
             elif changed:
@@ -179,7 +246,26 @@ class RunStore:
             if self._side_files.get(name, side) != side:
                 events.append(("alerts", {"run": name}))
             self._side_files[name] = side
-        return events
+        with self._lock:
+            raised, self._events = self._events, []
+        return events + [e for e in raised if e not in events]
+
+
+def _str_keys(by_rank: dict[int, Any]) -> dict[str, Any]:
+    """JSON object keys are strings: ``{0: x}`` -> ``{"0": x}``, ranks in order."""
+    return {str(k): v for k, v in sorted(by_rank.items())}
+
+
+def _tags(run: Run | RankedRun, rank: int) -> list[str]:
+    try:
+        return run.tags(rank=rank)
+    except KeyError:
+        return []
+
+
+def _step_key(alert: dict[str, Any]) -> int:
+    step = alert.get("step")
+    return step if isinstance(step, int) else -1
 
 
 def _side_signature(run_dir: Path) -> tuple:

@@ -231,3 +231,27 @@ def test_ratio_spelling():
         "x1.2e4",
         "xinf",
     ]
+
+
+def test_data_bound_flagged_with_its_onset():
+    from msmon_nb.diagnose import Diagnoser
+
+    diag = Diagnoser()
+    alerts = []
+    for step in range(40):
+        data = 0.020 if step >= 12 else 0.001
+        alerts += diag.update(step, {"train/data_time": data, "train/compute_time": 0.008})
+    (alert,) = [a for a in alerts if a.kind == "data_bound"]
+    # the median of the last 10 steps turns data-bound once 6 of them are: at step 17
+    assert alert.since_step == 12 and alert.step == 17
+    assert "data-bound" in alert.message and "71%" in alert.message
+
+
+def test_in_memory_loop_is_not_data_bound():
+    from msmon_nb.diagnose import Diagnoser
+
+    diag = Diagnoser()
+    alerts = []
+    for step in range(200):
+        alerts += diag.update(step, {"train/data_time": 0.0004, "train/compute_time": 0.01})
+    assert [a for a in alerts if a.kind == "data_bound"] == []

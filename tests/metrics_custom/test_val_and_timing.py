@@ -77,9 +77,9 @@ def slow_batches(x, y, steps, delay):
         yield a, b
 
 
-def test_data_time_measured_in_a_watched_loop(tmp_path):
+def test_data_time_measured_and_data_bound_flagged(tmp_path):
     x, y = tiny.data()
-    net = tiny.mlp()
+    net = nn.Dense(8, 3)  # a few ms of compute per step, so waiting 20 ms dominates
     loss_fn = tiny.loss_fn()
     opt = nn.SGD(net.trainable_params(), 0.05)
     grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, opt.parameters)
@@ -96,3 +96,6 @@ def test_data_time_measured_in_a_watched_loop(tmp_path):
     compute = runs[0.02].scalars("train/compute_time").values[1:]
     step_time = runs[0.02].scalars("train/step_time").values[1:]
     np.testing.assert_allclose(data + compute, step_time, rtol=0.25)
+    bound = [a for a in runs[0.02].alerts if a["kind"] == "data_bound"]
+    assert bound and "data-bound" in bound[0]["message"]
+    assert [a for a in runs[0.0].alerts if a["kind"] == "data_bound"] == []

@@ -71,3 +71,18 @@ def test_spike_and_nan_are_visible_in_the_png():
     # the line reaches from the flat level up to the spike: a tall blue extent
     assert rows.max() - rows.min() > 100
     assert red.any(), "the NaN step should be marked in red"
+
+
+def test_show_lists_snapshots_with_histograms(tmp_path):
+    from msmon_nb.events.runs import load_run
+    from msmon_nb.notebook.session import show
+
+    rng = np.random.default_rng(0)
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        mon.step(loss=1.0)
+        mon.snapshot({"fc1.weight": rng.normal(size=(20, 30)), "bad": np.array([1.0, np.nan])})
+    widget = show(load_run(mon.run_dir))
+    table = widget.children[4].value
+    assert "data-snapshot='fc1.weight'" in table and "data-snapshot='bad'" in table
+    assert table.count("<rect") > 10  # the histogram bars
+    assert "1/0" in table  # NaN count of 'bad'

@@ -1,0 +1,60 @@
+"""The input pipeline: a run whose steps mostly wait for the next batch (data-bound)."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+
+from msmon_nb.diagnose.base import QUIET, Finding
+
+DATA_TAG = "train/data_time"
+COMPUTE_TAG = "train/compute_time"
+
+
+class DataBound:
+    """Steps spend ``share`` or more of their time waiting for data, over ``window`` steps.
+
+    Fed data_time and compute_time of each collected step (the monitor records both for
+    ``Model.train`` and watched loops). Step times are noisy, so the test is on the
+    median share of the last ``window`` collected steps; ``since_step`` is the first of
+    those steps that was data-bound itself. Clears after ``QUIET`` steps whose median is
+    below the share.
+    """
+
+    __slots__ = ("_calm", "_recent", "active", "share", "window")
+
+    def __init__(self, *, share: float, window: int) -> None:
+        self.share = share
+        self.window = window
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self._calm = 0
+        self.active = False
+
+    def update(self, step: int, data_secs: float, compute_secs: float) -> Finding | None:
+        """Feed one step's seconds waiting for data and computing."""
+        total = data_secs + compute_secs
+        if not total > 0:
+            return None
+        self._recent.append((step, data_secs / total))
+        if len(self._recent) < self.window:
+            return None
+        median = statistics.median(f for _, f in self._recent)
+        if median < self.share:
+            if self.active:
+                self._calm += 1
+                if self._calm >= QUIET:
+                    self.active = False
+            return None
+        self._calm = 0
+        if self.active:
+            return None
+        self.active = True
+        since = next(s for s, f in self._recent if f >= self.share)
+        waited = data_secs * 1e3
+        message = (
+            f"data-bound since step {since}: {median:.0%} of step time waiting for data "
+            f"(median of the last {self.window} steps; now {waited:.1f} ms of "
+            f"{total * 1e3:.1f} ms); speed up the input pipeline: more dataset workers "
+            "(num_parallel_workers), prefetching, or preprocessing and caching the data once"
+        )
+        return Finding(since, median, message)

@@ -1,0 +1,227 @@
+"""Rules across the ranks of a distributed run: each alert names the rank and its onset.
+
+They compare the ranks' own files (each rank writes its own records; nothing extra runs
+in the training hot path) and are evaluated over whole series by ``rank_alerts``, for a
+run on disk, a notebook following a job, or the viewer.
+
+* ``grad_norm_mismatch`` -- after the all-reduce every rank applies the same gradients,
+  so their global norms must agree; a relative spread above ``rtol`` (for ``patience``
+  steps) means a rank skipped or corrupted the reduction.
+* ``loss_spread`` -- ranks see different batches, so their losses differ by noise; a
+  spread (max - min across ranks) growing to ``factor`` times its level over the first
+  ``window`` steps, and above ``floor`` times the early loss, means the replicas drifted
+  apart. The spread is absolute: a relative one grows by itself as the loss falls.
+* ``straggler`` -- a rank whose own time is above the ranks' median by ``margin`` (and
+  by at least ``min_secs``) for ``patience`` steps. Own time is ``train/data_time``
+  when recorded: with a synchronous all-reduce every rank's step takes as long as the
+  slowest, and the fast ranks spend the difference waiting inside the reduction, so
+  only the time spent outside the framework tells who is slow. Without it, step_time.
+* ``rank_stopped`` -- a rank that stopped writing (its process gone, or ``lag`` steps
+  behind the furthest rank) while the others went on or are still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from msmon_nb.diagnose.alert import Alert
+
+DEFAULTS: dict[str, dict[str, float]] = {
+    "grad_norm_mismatch": {"rtol": 1e-4, "patience": 2},
+    "loss_spread": {"factor": 3.0, "floor": 0.1, "window": 20},
+    "straggler": {"margin": 0.5, "min_secs": 0.005, "patience": 3},
+    "rank_stopped": {"lag": 5},
+}
+SEVERITY = {
+    "grad_norm_mismatch": "critical",
+    "loss_spread": "warning",
+    "straggler": "warning",
+    "rank_stopped": "critical",
+}
+
+Series = Any  # anything with .steps and .values (ScalarSeries, metrics Series)
+
+
+def _aligned(per_rank: Mapping[int, Series]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(ranks, common steps, values[rank_index, step_index]) over steps every rank has."""
+    ranks = sorted(per_rank)
+    common = None
+    for rank in ranks:
+        steps = np.asarray(per_rank[rank].steps)
+        common = steps if common is None else np.intersect1d(common, steps)
+    if common is None or not len(common):
+        return ranks, np.zeros(0, np.int64), np.zeros((len(ranks), 0))
+    rows = []
+    for rank in ranks:
+        steps = np.asarray(per_rank[rank].steps)
+        values = np.asarray(per_rank[rank].values, dtype=np.float64)
+        rows.append(values[np.searchsorted(steps, common)])
+    return ranks, common, np.vstack(rows)
+
+
+def _first_run(mask: np.ndarray, patience: int) -> int | None:
+    """Index where ``patience`` True values in a row begin, or None."""
+    count = 0
+    for i, flag in enumerate(mask.tolist()):
+        count = count + 1 if flag else 0
+        if count >= patience:
+            return i - patience + 1
+    return None
+
+
+def grad_norm_mismatch(per_rank: Mapping[int, Series], rtol: float, patience: int) -> list[Alert]:
+    """See the module docstring."""
+    ranks, steps, values = _aligned(per_rank)
+    if len(ranks) < 2 or not len(steps):
+        return []
+    finite = np.isfinite(values).all(axis=0)
+    median = np.median(values, axis=0)
+    spread = (values.max(axis=0) - values.min(axis=0)) / np.maximum(np.abs(median), 1e-12)
+    start = _first_run((spread > rtol) & finite, int(patience))
+    if start is None:
+        return []
+    end = start + int(patience) - 1
+    worst = ranks[int(np.argmax(np.abs(values[:, start] - median[start])))]
+    message = (
+        f"grad_norm differs across ranks since step {steps[start]}: "
+        f"{', '.join(f'rank {r} {values[i, start]:.6g}' for i, r in enumerate(ranks))} "
+        f"(relative spread {spread[start]:.2g} > {rtol:g}); after the all-reduce every rank "
+        "should apply the same gradients: check that every rank runs the gradient reducer "
+        "(DistributedGradReducer / parallel_mode) with the same mean/degree"
+    )
+    return [
+        _alert(
+            "grad_norm_mismatch",
+            steps[end],
+            steps[start],
+            message,
+            "train/grad_norm",
+            worst,
+            spread[start],
+        )
+    ]
+
+
+def loss_spread(
+    per_rank: Mapping[int, Series], factor: float, floor: float, window: int
+) -> list[Alert]:
+    """See the module docstring."""
+    ranks, steps, values = _aligned(per_rank)
+    window = int(window)
+    if len(ranks) < 2 or len(steps) < 2 * window:
+        return []
+    center = np.median(values, axis=0)
+    spread = values.max(axis=0) - values.min(axis=0)
+    base = float(np.median(spread[:window]))
+    limit = max(factor * base, floor * float(np.median(np.abs(center[:window]))))
+    for end in range(2 * window, len(steps) + 1):
+        recent = spread[end - window : end]
+        if float(np.median(recent)) > limit:
+            first = end - window + int(np.argmax(recent > limit))
+            worst = ranks[int(np.argmax(np.abs(values[:, first] - center[first])))]
+            message = (
+                f"loss spread across ranks growing since step {steps[first]}: "
+                f"{float(np.median(recent)):.2g}, {base:.2g} at the start; the "
+                f"replicas are drifting apart (rank {worst} furthest): check that parameters "
+                "are broadcast at start and gradients are averaged on every rank"
+            )
+            return [
+                _alert(
+                    "loss_spread",
+                    steps[end - 1],
+                    steps[first],
+                    message,
+                    "train/loss",
+                    worst,
+                    float(np.median(recent)),
+                )
+            ]
+    return []
+
+
+def straggler(
+    per_rank: Mapping[int, Series], margin: float, min_secs: float, patience: int, tag: str
+) -> list[Alert]:
+    """See the module docstring; ``tag`` is the own-time tag used."""
+    ranks, steps, values = _aligned(per_rank)
+    if len(ranks) < 2 or not len(steps):
+        return []
+    median = np.median(values, axis=0)
+    out = []
+    for i, rank in enumerate(ranks):
+        slow = (values[i] > median * (1 + margin)) & (values[i] - median > min_secs)
+        start = _first_run(slow, int(patience))
+        if start is None:
+            continue
+        end = start + int(patience) - 1
+        message = (
+            f"rank {rank} is a straggler since step {steps[start]}: its {tag.split('/')[-1]} "
+            f"{values[i, start] * 1e3:.1f} ms against the ranks' median "
+            f"{median[start] * 1e3:.1f} ms; every rank waits for it at each all-reduce: check "
+            "that rank's input pipeline, host load and device"
+        )
+        out.append(
+            _alert("straggler", steps[end], steps[start], message, tag, rank, values[i, start])
+        )
+    return out
+
+
+def rank_stopped(
+    last_steps: Mapping[int, int | None], status: Mapping[int, str], lag: int
+) -> list[Alert]:
+    """See the module docstring; ``status`` from the ranks' markers (interrupted = gone)."""
+    known = {r: s for r, s in last_steps.items() if s is not None}
+    if len(known) < 2:
+        return []
+    furthest = max(known.values())
+    alive = [r for r, s in status.items() if s == "running"]
+    out = []
+    for rank, last in sorted(known.items()):
+        gone = status.get(rank) == "interrupted"
+        behind = furthest - last >= lag
+        others_on = bool([r for r in alive if r != rank]) or furthest > last
+        if (gone or behind) and others_on:
+            why = "its process is gone" if gone else f"{furthest - last} steps behind"
+            message = (
+                f"rank {rank} stopped writing after step {last} ({why}) while "
+                + (
+                    f"rank(s) {', '.join(map(str, alive))} still run"
+                    if alive
+                    else f"others reached step {furthest}"
+                )
+                + "; a hung or dead rank blocks every collective: check its log (msrun --log_dir)"
+            )
+            out.append(_alert("rank_stopped", furthest, last + 1, message, "", rank, float(last)))
+    return out
+
+
+def _alert(
+    kind: str, step: Any, since: Any, message: str, tag: str, rank: int, value: Any
+) -> Alert:
+    return Alert(int(step), kind, SEVERITY[kind], message, int(since), tag, float(value), int(rank))
+
+
+def rank_alerts(run: Any, settings: Mapping[str, Mapping[str, float]] | None = None) -> list[Alert]:
+    """Every cross-rank alert of a ``Run`` with several ranks (empty for one rank)."""
+    ranks = run.ranks
+    if len(ranks) < 2:
+        return []
+    conf = {k: dict(v, **dict((settings or {}).get(k, {}))) for k, v in DEFAULTS.items()}
+
+    def per_rank(tag: str) -> dict[int, Series]:
+        out = {}
+        for rank in ranks:
+            if tag in run.tags(rank=rank):
+                out[rank] = run.scalars(tag, rank=rank)
+        return out if len(out) == len(ranks) else {}
+
+    alerts: list[Alert] = []
+    alerts += grad_norm_mismatch(per_rank("train/grad_norm"), **conf["grad_norm_mismatch"])
+    alerts += loss_spread(per_rank("train/loss"), **conf["loss_spread"])
+    own_tag = "train/data_time" if per_rank("train/data_time") else "train/step_time"
+    alerts += straggler(per_rank(own_tag), tag=own_tag, **conf["straggler"])
+    alerts += rank_stopped(run.rank_last_step(), run.rank_status(), **conf["rank_stopped"])
+    return sorted(alerts, key=lambda a: (a.since_step, a.kind))

@@ -1,0 +1,687 @@
+"""``msmon doctor``: is this environment able to monitor MindSpore training?
+
+Every check is a frozen ``Check(name, status, value, detail, fix)``; the report exits 1
+when one of them fails (something blocks monitoring). MindSpore is imported only in a
+subprocess: a broken install can crash or hang the importing process, and a clean one
+takes seconds to import, which the other checks need not wait for (they run meanwhile).
+
+The subprocess also looks at what training processes see and this one cannot: the
+protobuf implementation once ``import mindspore`` has run (it sets
+``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` when unset), and whether a first
+Tensor -> numpy conversion prints NumPy's "compiled using NumPy 1.x" error or MindSpore's
+"Numpy init failed" (MindSpore 2.10 is built against NumPy 1.x; under NumPy 2 the
+conversion still returns, so only that output tells).
+
+``quick_facts()`` is the cheap subset recorded in every ``msmon_run.json``: no
+subprocess, no kernel scan, nothing imported that the training process has not loaded.
+This module imports only the standard library at the top, so ``msmon_nb.rundir`` and
+``msmon_nb.monitor`` may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+_MARKS = {OK: "ok", INFO: "info", WARN: "warn", FAIL: "FAIL"}
+MIN_FREE_BYTES = 1 << 30
+PROBE_TIMEOUT = 120.0
+# The last MindSpore release known to be built against NumPy 1.x; later ones are judged
+# by what the probe sees.
+_NUMPY1_MINDSPORE = (2, 10)
+# what MindSpore built for NumPy 1.x prints under NumPy 2 -> how the report quotes it
+_NUMPY2_SIGNS = {
+    "compiled using NumPy 1.x": "'A module that was compiled using NumPy 1.x cannot be run in "
+    "NumPy 2...'",
+    "Numpy init failed": "'Numpy init failed'",
+}
+_PROBE_TAG = "MSMON_PROBE "
+_PYTHON_NAMES = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?$")
+
+_PROBE = f"""
+import json, os
+out = {{"protobuf_env_before": os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")}}
+import mindspore
+out["version"] = getattr(mindspore, "__version__", "unknown")
+out["file"] = getattr(mindspore, "__file__", None)
+out["device"] = mindspore.get_context("device_target")
+out["protobuf_env_after"] = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+from google.protobuf.internal import api_implementation
+out["protobuf_implementation"] = api_implementation.Type()
+import numpy
+try:
+    got = (mindspore.Tensor(numpy.array([1.0, 2.0], dtype=numpy.float32)) * 2).asnumpy()
+    out["tensor_ok"] = got.tolist() == [2.0, 4.0]
+except Exception as exc:
+    out["tensor_error"] = f"{{type(exc).__name__}}: {{exc}}"
+print({_PROBE_TAG!r} + json.dumps(out), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report; ``fix`` is set whenever ``status`` is not ok."""
+
+    name: str
+    status: str
+    value: str
+    detail: str = ""
+    fix: str | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def blocking(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every check, in order, and the exit code they add up to."""
+
+    checks: tuple[Check, ...]
+    interpreter: str
+
+    @property
+    def blocking(self) -> list[Check]:
+        return [c for c in self.checks if c.blocking]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.blocking else 0
+
+    def check(self, name: str) -> Check:
+        """The check called ``name``."""
+        return next(c for c in self.checks if c.name == name)
+
+    def facts(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for c in self.checks:
+            merged.update(c.facts)
+        return merged
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": not self.blocking,
+            "exit_code": self.exit_code,
+            "interpreter": self.interpreter,
+            "facts": self.facts(),
+            "checks": [{k: v for k, v in asdict(c).items() if k != "facts"} for c in self.checks],
+            "problems": [
+                {"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix}
+                for c in self.checks
+                if c.status in (WARN, FAIL)
+            ],
+        }
+
+    def render(self) -> str:
+        """The short aligned table people read; each problem is followed by its fix."""
+        width = max(len(c.name) for c in self.checks)
+        lines = [f"msmon doctor: {self.interpreter}"]
+        for c in self.checks:
+            lines.append(f"  {_MARKS[c.status]:<4}  {c.name:<{width}}  {c.value}".rstrip())
+            pad = " " * (width + 10)
+            if c.status != OK and c.detail:
+                lines.extend(
+                    textwrap.wrap(c.detail, 100, initial_indent=pad, subsequent_indent=pad)
+                )
+            if c.status != OK and c.fix:
+                lines.append(f"{pad}fix: {c.fix}")
+        warns = sum(c.status == WARN for c in self.checks)
+        if self.blocking:
+            names = ", ".join(c.name for c in self.blocking)
+            lines.append(f"{len(self.blocking)} problem(s) block monitoring: {names}")
+        else:
+            lines.append(f"nothing blocks monitoring ({warns} warning(s))")
+        return "\n".join(lines)
+
+
+# --- versions ---------------------------------------------------------------------------
+
+
+def version_tuple(text: str | None) -> tuple[int, ...]:
+    """``"2.10.0rc1"`` -> ``(2, 10, 0)``; the leading dotted integers only."""
+    match = re.match(r"\s*(\d+(?:\.\d+)*)", text or "")
+    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
+
+
+def dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _loaded_version(module: str, dist: str) -> str | None:
+    """The version of ``module`` if this process has imported it, else the installed one."""
+    mod = sys.modules.get(module)
+    version = getattr(mod, "__version__", None) if mod is not None else None
+    return str(version) if version else dist_version(dist)
+
+
+def numpy_problem(numpy_version: str | None, mindspore_version: str | None) -> str | None:
+    """Why this numpy cannot serve this MindSpore, or None (static rule, no import)."""
+    np_v, ms_v = version_tuple(numpy_version), version_tuple(mindspore_version)
+    if not np_v or not ms_v or np_v[0] < 2 or ms_v[:2] > _NUMPY1_MINDSPORE:
+        return None
+    return (
+        f"MindSpore {mindspore_version} is built against NumPy 1.x; with numpy "
+        f"{numpy_version} its first Tensor->numpy conversion prints 'A module that was "
+        "compiled using NumPy 1.x cannot be run in NumPy 2...' and logs 'Numpy init failed'"
+    )
+
+
+NUMPY_FIX = "pip install 'numpy<2'"
+
+
+def mindspore_brief() -> str:
+    """``"MindSpore 2.10.0 on CPU"`` for the process's loaded MindSpore (never imports it)."""
+    ms = sys.modules.get("mindspore")
+    if ms is None:
+        return "MindSpore not imported"
+    try:
+        device = ms.get_context("device_target")
+    except (RuntimeError, ValueError, AttributeError):
+        device = "unknown device"
+    return f"MindSpore {getattr(ms, '__version__', '?')} on {device}"
+
+
+def quick_facts() -> dict[str, Any]:
+    """Versions worth keeping with a run, read in a few ms inside a training process.
+
+    Modules already imported are asked directly; the rest by installed metadata. Nothing
+    heavy is imported, no subprocess is started and no kernel is scanned.
+    """
+    facts: dict[str, Any] = {
+        "numpy": _loaded_version("numpy", "numpy"),
+        "protobuf": _loaded_version("google.protobuf", "protobuf"),
+        "protobuf_implementation": None,
+        "ipykernel": _loaded_version("ipykernel", "ipykernel"),
+        "ipywidgets": _loaded_version("ipywidgets", "ipywidgets"),
+    }
+    if "google.protobuf" in sys.modules:
+        # the implementation is fixed when protobuf is first imported, so asking costs
+        # nothing here and cannot change what the process already runs
+        from google.protobuf.internal import api_implementation
+
+        facts["protobuf_implementation"] = api_implementation.Type()
+    problems: list[dict[str, str]] = []
+    ms = sys.modules.get("mindspore")
+    reason = numpy_problem(facts["numpy"], getattr(ms, "__version__", None))
+    if reason:
+        problems.append({"name": "numpy", "detail": reason, "fix": NUMPY_FIX})
+    facts["env_problems"] = problems
+    return facts
+
+
+# --- the MindSpore probe (subprocess) -------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """``import mindspore`` in a child of this interpreter, started early, read later."""
+
+    timeout: float = PROBE_TIMEOUT
+    proc: subprocess.Popen[str] | None = None
+    installed: bool = False
+
+    def start(self) -> Probe:
+        from importlib.util import find_spec
+
+        self.installed = find_spec("mindspore") is not None
+        if self.installed:
+            # GLOG_v=2 keeps "Numpy init failed" (a WARNING) visible even when the
+            # user silences MindSpore with GLOG_v=3
+            env = dict(os.environ, GLOG_v="2", PYTHONUNBUFFERED="1")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _PROBE],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        return self
+
+    def result(self) -> dict[str, Any]:
+        """``{"installed", "ok", ...probe facts, "error", "numpy_messages"}``."""
+        if self.proc is None:
+            return {"installed": False, "ok": False}
+        try:
+            out, err = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {
+                "installed": True,
+                "ok": False,
+                "error": f"`import mindspore` did not finish in {self.timeout:.0f} s",
+            }
+        found = [line for line in out.splitlines() if line.startswith(_PROBE_TAG)]
+        if not found:
+            tail = [line.strip() for line in err.splitlines() if line.strip()]
+            error = tail[-1] if tail else f"exit status {self.proc.returncode}"
+            return {"installed": True, "ok": False, "error": error}
+        data = json.loads(found[-1][len(_PROBE_TAG) :])
+        data.update(
+            installed=True,
+            ok=True,
+            numpy_messages=[quote for sign, quote in _NUMPY2_SIGNS.items() if sign in err],
+        )
+        return data
+
+
+# --- checks -----------------------------------------------------------------------------
+
+
+def check_python() -> Check:
+    version = platform.python_version()
+    facts = {"python": version, "executable": sys.executable, "prefix": sys.prefix}
+    if sys.version_info[:2] == (3, 11):
+        return Check("python", OK, version, facts=facts)
+    return Check(
+        "python",
+        WARN,
+        version,
+        "msmon_nb is built and tested on Python 3.11 (as MindSpore 2.10's wheels are)",
+        "create the environment with Python 3.11: python3.11 -m venv .venv",
+        facts,
+    )
+
+
+def check_msmon() -> Check:
+    from msmon_nb import __version__
+
+    where = Path(__file__).resolve().parent
+    return Check("msmon_nb", OK, f"{__version__} ({where})", facts={"msmon_nb": __version__})
+
+
+def check_mindspore(probe: dict[str, Any]) -> Check:
+    if not probe.get("installed"):
+        return Check(
+            "mindspore",
+            FAIL,
+            "not installed",
+            "collecting needs MindSpore in this interpreter (viewing and export do not)",
+            "pip install 'mindspore>=2.10'",
+            {"mindspore": None, "device": None},
+        )
+    if not probe["ok"]:
+        return Check(
+            "mindspore",
+            FAIL,
+            "import fails",
+            f"`import mindspore` failed: {probe['error']}",
+            f"{sys.executable} -c 'import mindspore' shows the whole error; reinstall with "
+            "pip install --force-reinstall 'mindspore>=2.10'",
+            {"mindspore": None, "device": None},
+        )
+    facts = {"mindspore": probe["version"], "device": probe["device"]}
+    value = f"{probe['version']}, device {probe['device']}"
+    if probe.get("tensor_error"):
+        return Check(
+            "mindspore",
+            FAIL,
+            value,
+            f"a first Tensor operation failed: {probe['tensor_error']}",
+            f"{sys.executable} -c 'import mindspore; mindspore.run_check()' shows where",
+            facts,
+        )
+    return Check("mindspore", OK, value, facts=facts)
+
+
+def check_numpy(probe: dict[str, Any]) -> Check:
+    try:
+        import numpy
+    except ImportError as exc:
+        return Check(
+            "numpy",
+            FAIL,
+            "import fails",
+            f"msmon_nb and MindSpore need numpy: {exc}",
+            NUMPY_FIX,
+            {"numpy": None},
+        )
+    version = numpy.__version__
+    facts = {"numpy": version}
+    ms_version = probe.get("version")
+    reason = numpy_problem(version, ms_version)
+    seen = probe.get("numpy_messages") or []
+    if seen:
+        reason = (
+            f"with numpy {version}, MindSpore {ms_version}'s first Tensor->numpy conversion "
+            f"printed {' and '.join(seen)}: it is built against NumPy 1.x"
+        )
+    if reason:
+        return Check("numpy", FAIL, version, reason, NUMPY_FIX, facts)
+    return Check("numpy", OK, version, facts=facts)
+
+
+def check_protobuf(probe: dict[str, Any]) -> Check:
+    try:
+        import google.protobuf
+        from google.protobuf.internal import api_implementation
+    except ImportError as exc:
+        return Check(
+            "protobuf",
+            FAIL,
+            "not installed",
+            f"msmon_nb reads and writes summary files with protobuf: {exc}",
+            "pip install 'protobuf>=4.21'",
+            {"protobuf": None},
+        )
+    version = google.protobuf.__version__
+    here = api_implementation.Type()
+    env = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+    facts: dict[str, Any] = {
+        "protobuf": version,
+        "protobuf_implementation": here,
+        "protobuf_implementation_under_mindspore": probe.get("protobuf_implementation"),
+    }
+    if version_tuple(version) < (4, 21):
+        return Check(
+            "protobuf",
+            FAIL,
+            version,
+            "msmon_nb's summary schema needs protobuf >= 4.21",
+            "pip install 'protobuf>=4.21'",
+            facts,
+        )
+    under_ms = probe.get("protobuf_implementation")
+    value = f"{version}, {here} here" + (f", {under_ms} under MindSpore" if under_ms else "")
+    if under_ms == "python" and here != "python" and env is None:
+        return Check(
+            "protobuf",
+            INFO,
+            value,
+            "`import mindspore` sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when it "
+            "is unset, so training processes parse protobuf in pure Python (about 7x "
+            "slower); msmon's writer encodes scalars itself and does not slow down",
+            None,
+            facts,
+        )
+    return Check("protobuf", OK, value, facts=facts)
+
+
+def _package_check(
+    name: str, minimum: tuple[int, ...], why: str, fix: str, missing: str = WARN
+) -> Check:
+    version = dist_version(name)
+    facts = {name: version}
+    if version is None:
+        return Check(name, missing, "not installed", why, fix, facts)
+    if version_tuple(version) < minimum:
+        return Check(name, WARN, version, why, fix, facts)
+    return Check(name, OK, version, facts=facts)
+
+
+def check_ipywidgets() -> Check:
+    return _package_check(
+        "ipywidgets",
+        (8,),
+        "the live panel is built with ipywidgets 8 (JupyterLab, Notebook 7, VSCode)",
+        "pip install 'ipywidgets>=8,<9'",
+    )
+
+
+def check_ipykernel() -> Check:
+    return _package_check(
+        "ipykernel",
+        (7,),
+        "the panel's Pause/Stop/frequency buttons act while a cell runs only with ipykernel >= 7",
+        "pip install 'ipykernel>=7'",
+    )
+
+
+def check_jupyterlab() -> Check:
+    return _package_check(
+        "jupyterlab",
+        (4,),
+        "only needed to work in JupyterLab (VSCode notebooks need ipykernel alone)",
+        "pip install 'jupyterlab>=4'",
+        missing=INFO,
+    )
+
+
+def same_interpreter(path: str | os.PathLike[str], executable: str | None = None) -> bool:
+    """Whether ``path`` runs this interpreter: same file, or a python* beside it.
+
+    Symlinks are resolved only up to the directory: a venv's ``bin/python`` links to
+    the base interpreter, and resolving it would make every venv look like every other.
+    """
+    exe = Path(executable or sys.executable)
+    cand = Path(path)
+    if not cand.is_absolute():
+        return False
+    if os.path.normpath(cand) == os.path.normpath(exe):
+        return True
+    try:
+        same_dir = cand.parent.resolve() == exe.parent.resolve()
+    except OSError:
+        return False
+    return same_dir and bool(_PYTHON_NAMES.match(cand.name)) and cand.exists()
+
+
+def check_kernel() -> Check:
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+    except ImportError:
+        return Check(
+            "jupyter kernel",
+            WARN,
+            "jupyter_client not installed",
+            "notebooks need a Jupyter kernel for this interpreter",
+            "pip install 'ipykernel>=7' && msmon kernel install",
+            {"kernels": []},
+        )
+    # ensure_native_kernel=False: otherwise jupyter_client invents a "python3" spec for
+    # the asking process itself, which no other Jupyter or VSCode would see
+    specs = KernelSpecManager(ensure_native_kernel=False).get_all_specs()
+    mine: list[str] = []
+    bare: list[str] = []
+    for name, entry in sorted(specs.items()):
+        argv = entry.get("spec", {}).get("argv") or [""]
+        if same_interpreter(argv[0]):
+            mine.append(name)
+        elif _PYTHON_NAMES.match(argv[0]) and Path(entry.get("resource_dir", "")).is_relative_to(
+            sys.prefix
+        ):
+            bare.append(name)
+    facts = {"kernels": mine}
+    if mine:
+        return Check("jupyter kernel", OK, ", ".join(mine), facts=facts)
+    detail = f"no registered Jupyter kernel runs {sys.executable}"
+    if bare:
+        detail += (
+            f" (this environment's {', '.join(bare)} runs the python of whichever Jupyter "
+            "starts it, so only a Jupyter started from this environment gets it)"
+        )
+    return Check(
+        "jupyter kernel", WARN, "none for this interpreter", detail, "msmon kernel install", facts
+    )
+
+
+def _expand_vscode(value: str, project: Path) -> Path:
+    """VSCode's variables in a settings path, relative paths taken from the project."""
+    env = os.environ
+    text = value.replace("${workspaceFolder}", str(project))
+    text = text.replace("${workspaceFolderBasename}", project.name)
+    text = text.replace("${userHome}", str(Path.home()))
+    text = re.sub(r"\$\{env:([^}]*)\}", lambda m: env.get(m.group(1), ""), text)
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else project / path
+
+
+def check_vscode(project: str | os.PathLike[str] | None = None) -> Check:
+    from msmon_nb.vscode_init import parse_jsonc
+
+    root = Path(project or Path.cwd()).absolute()
+    settings = root / ".vscode" / "settings.json"
+    venv_here = same_interpreter(root / ".venv" / "bin" / "python")
+    set_it = f'set "python.defaultInterpreterPath": "{sys.executable}" in {settings}'
+    add_fix = f"msmon vscode init {root}" if venv_here else set_it
+    facts: dict[str, Any] = {"vscode_settings": str(settings), "vscode_interpreter": None}
+    if not settings.is_file():
+        return Check(
+            "vscode settings",
+            INFO,
+            f"no {settings}",
+            "VSCode will ask which interpreter to use",
+            add_fix,
+            facts,
+        )
+    try:
+        data = parse_jsonc(settings.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return Check(
+            "vscode settings", WARN, "unreadable", f"{settings}: {exc}", "fix the file", facts
+        )
+    value = data.get("python.defaultInterpreterPath") if isinstance(data, dict) else None
+    if not isinstance(value, str) or not value:
+        return Check(
+            "vscode settings",
+            INFO,
+            "python.defaultInterpreterPath not set",
+            f"{settings} does not say which interpreter to use",
+            add_fix,
+            facts,
+        )
+    target = _expand_vscode(value, root)
+    if target.is_dir():
+        target = target / "bin" / "python"
+    facts["vscode_interpreter"] = str(target)
+    if same_interpreter(target):
+        return Check("vscode settings", OK, f"{value} -> this interpreter", facts=facts)
+    return Check(
+        "vscode settings",
+        WARN,
+        f"{value} -> another interpreter",
+        f"python.defaultInterpreterPath is {target}, not {sys.executable}: VSCode runs "
+        "tasks, the debugger and notebooks elsewhere",
+        set_it + (" (`msmon vscode init` never overwrites a setting)" if venv_here else ""),
+        facts,
+    )
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_base_dir(base_dir: str | os.PathLike[str]) -> tuple[Check, Check]:
+    """(writable?, free disk) for the summary base dir or, if missing, where it would go."""
+    base = Path(base_dir)
+    target = _nearest_existing(base)
+    facts: dict[str, Any] = {"base_dir": str(base.absolute()), "base_dir_writable": False}
+    fix = (
+        f"make {target} writable, or write elsewhere: MonitorConfig(save_dir=...), "
+        "%%msmonitor --dir DIR, `msmon doctor --dir DIR` to check it"
+    )
+    shown = str(base) if target == base.absolute() else f"{base} (would be created in {target})"
+    if not target.is_dir():
+        return (
+            Check("summary dir", FAIL, shown, f"{target} is not a directory", fix, facts),
+            Check("disk free", INFO, "-", facts={"disk_free_bytes": None}),
+        )
+    try:
+        fd, name = tempfile.mkstemp(prefix=".msmon_doctor_", dir=target)
+        try:
+            os.write(fd, b"msmon doctor")
+        finally:
+            os.close(fd)
+            Path(name).unlink()
+    except OSError as exc:
+        writable = Check(
+            "summary dir",
+            FAIL,
+            shown,
+            f"cannot create a file in {target}: {exc.strerror or exc}",
+            fix,
+            facts,
+        )
+    else:
+        facts["base_dir_writable"] = True
+        writable = Check("summary dir", OK, f"{shown}: writable", facts=facts)
+    free = shutil.disk_usage(target).free
+    disk_facts = {"disk_free_bytes": free}
+    text = f"{free / 2**30:.1f} GB free on {target}"
+    if free < MIN_FREE_BYTES:
+        disk = Check(
+            "disk free",
+            WARN,
+            text,
+            "under 1 GB: a long run with snapshots can fill it (writing then stops, "
+            "training goes on)",
+            "free space, or write runs to another disk (save_dir / --dir)",
+            disk_facts,
+        )
+    else:
+        disk = Check("disk free", OK, text, facts=disk_facts)
+    return writable, disk
+
+
+# --- the whole report -------------------------------------------------------------------
+
+
+def _guarded(name: str, fn: Callable[[], Check]) -> Check:
+    try:
+        return fn()
+    except Exception as exc:  # a broken third-party install must not stop the self-check
+        log.debug("msmon doctor: check %s crashed", name, exc_info=True)
+        return Check(
+            name,
+            WARN,
+            "check crashed",
+            f"{type(exc).__name__}: {exc}",
+            "reinstall the package it names",
+        )
+
+
+def run_doctor(
+    base_dir: str | os.PathLike[str] = "./summary",
+    project: str | os.PathLike[str] | None = None,
+    timeout: float = PROBE_TIMEOUT,
+) -> Report:
+    """Run every check; MindSpore's import runs in a subprocess meanwhile."""
+    probe = Probe(timeout=timeout).start()
+    early = [
+        _guarded("python", check_python),
+        _guarded("msmon_nb", check_msmon),
+    ]
+    late = [
+        _guarded("ipywidgets", check_ipywidgets),
+        _guarded("ipykernel", check_ipykernel),
+        _guarded("jupyterlab", check_jupyterlab),
+        _guarded("jupyter kernel", check_kernel),
+        _guarded("vscode settings", lambda: check_vscode(project)),
+    ]
+    try:
+        late.extend(check_base_dir(base_dir))
+    except OSError as exc:
+        late.append(Check("summary dir", FAIL, str(base_dir), str(exc), "check the path"))
+    found = probe.result()
+    middle = [
+        _guarded("mindspore", lambda: check_mindspore(found)),
+        _guarded("numpy", lambda: check_numpy(found)),
+        _guarded("protobuf", lambda: check_protobuf(found)),
+    ]
+    return Report(tuple(early + middle + late), sys.executable)

@@ -1,0 +1,337 @@
+"""Distributed runs as the viewer holds them, and series merged across ranks.
+
+A job of 64 ranks x 100,000 steps x 5 tags is 32 M points. ``Run`` keeps a step, a value
+and a wall time for each (20 bytes) for every rank at once; the viewer needs steps and
+values only, and a rank records the same steps for each of its tags. So in a run laid
+out as ``rank_<k>/`` dirs (how ``Monitor`` writes under msrun), each rank is read by a
+``Run`` of its own, one rank at a time, and a rank that is done (its marker says
+finished, stopped or interrupted) is then kept compact: one steps array shared by its
+tags and the float32 values, about 4.5 bytes a point, its ``Run`` dropped. A rank still
+being written keeps its ``Run``, which tails its files cheaply, until it is done. A done
+rank whose files change again (a restart) is read afresh.
+
+``merge_ranks`` folds the ranks one at a time into per-step accumulators over the union
+of their steps, so merging never holds all ranks' points side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from functools import reduce
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from msmon_nb.events.index import base_status
+from msmon_nb.events.runs import ALERTS, MARKER, SNAPSHOTS, Run, is_summary_file
+
+_RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+
+
+class Points(NamedTuple):
+    """One tag of one rank: steps (int64, increasing) and values (float32)."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+
+class Merged(NamedTuple):
+    """One tag across ranks, per step any rank recorded.
+
+    ``mean`` is non-finite where a rank's value is (NaN wins, as in the ranks' own
+    charts); ``min`` and ``max`` are over the finite values only (NaN where none is), so
+    one rank's NaN does not erase the band; ``count`` is how many ranks recorded the step.
+    """
+
+    steps: np.ndarray  # int64
+    mean: np.ndarray  # float64
+    min: np.ndarray  # float64
+    max: np.ndarray  # float64
+    count: np.ndarray  # int32
+
+
+def merge_ranks(parts: Iterable[Any]) -> Merged:
+    """Merge series (anything with sorted, unique ``steps`` and ``values``) across ranks."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("merge_ranks needs at least one series")
+    steps = np.asarray(parts[0].steps, dtype=np.int64)
+    aligned = all(p.steps is steps or np.array_equal(p.steps, steps) for p in parts[1:])
+    if not aligned:
+        steps = reduce(np.union1d, (np.asarray(p.steps, dtype=np.int64) for p in parts))
+    n = len(steps)
+    total = np.zeros(n)
+    low = np.full(n, np.inf)
+    high = np.full(n, -np.inf)
+    count = np.zeros(n, dtype=np.int32)
+    for part in parts:
+        at = slice(None) if aligned else np.searchsorted(steps, part.steps)
+        values = np.asarray(part.values, dtype=np.float64)
+        finite = np.isfinite(values)
+        total[at] += values
+        low[at] = np.minimum(low[at], np.where(finite, values, np.inf))
+        high[at] = np.maximum(high[at], np.where(finite, values, -np.inf))
+        count[at] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+    low[np.isinf(low)] = np.nan
+    high[np.isinf(high)] = np.nan
+    return Merged(steps, mean, low, high, count)
+
+
+def rank_dirs(path: Path) -> dict[int, Path]:
+    """rank -> ``rank_<k>/`` dir of the run at ``path``."""
+    out = {}
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return out
+    for entry in entries:
+        match = _RANK_DIR_RE.match(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            out[int(match.group(1))] = Path(entry.path)
+    return dict(sorted(out.items()))
+
+
+def is_ranked(path: Path) -> bool:
+    """True when every summary file of the run lies in a ``rank_<k>/`` dir, and there is one."""
+    try:
+        flat = any(e.is_file() and is_summary_file(e.name) for e in os.scandir(path))
+    except OSError:
+        return False
+    return not flat and bool(rank_dirs(path))
+
+
+def _stat_key(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line still being written
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+class _Rank:
+    """One rank: a live ``Run`` while it is written, compact ``Points`` once it is done."""
+
+    def __init__(self, rank: int, path: Path, run_name: str) -> None:
+        self.rank = rank
+        self.path = path
+        self.name = f"{run_name}/{path.name}"
+        self.run: Run | None = None
+        self.series: dict[str, Points] = {}
+        self.snapshots: list[dict[str, Any]] = []
+        self.last_step: int | None = None
+        self.last_write: float | None = None
+        self.problems: list[str] = []
+        self.status = "running"  # running, finished, stopped, interrupted (as Run.rank_status)
+        self.signature: tuple | None = None  # of the files, when compact
+
+    def _signature(self) -> tuple:
+        keys = []
+        try:
+            names = sorted(e.name for e in os.scandir(self.path) if e.is_file())
+        except OSError:
+            names = []
+        for name in names:
+            if is_summary_file(name) or name in (MARKER, ALERTS, SNAPSHOTS):
+                keys.append((name, _stat_key(self.path / name)))
+        return tuple(keys)
+
+    def refresh(self) -> bool:
+        """Read what is new; True when the rank's data or status changed."""
+        signature = self._signature()
+        if self.run is None and signature == self.signature:
+            return False
+        if self.run is None:  # first read, or a done rank whose files changed
+            self.run = Run(self.path, name=self.name)
+            self.series = {}
+        before = (self.run.last_step, self.status)
+        grew = self.run.refresh()
+        run = self.run
+        self.last_step = run.last_step
+        self.last_write = run.last_write
+        self.problems = [str(p) for p in run.problems]
+        self.status = base_status(run.marker, run.files, self.last_write, time.time())
+        if self.status != "running":
+            self._compact(run)
+            self.signature = signature
+        return grew or before != (self.last_step, self.status)
+
+    def _compact(self, run: Run) -> None:
+        shared: list[np.ndarray] = []
+        series = {}
+        for tag in run.tags():
+            points = run.scalars(tag)
+            steps = next(
+                (
+                    s
+                    for s in shared
+                    if len(s) == len(points.steps) and np.array_equal(s, points.steps)
+                ),
+                None,
+            )
+            if steps is None:
+                steps = points.steps
+                shared.append(steps)
+            series[tag] = Points(steps, points.values)
+        self.snapshots = run.snapshots
+        self.series = series
+        self.run = None
+
+    def tags(self) -> list[str]:
+        return self.run.tags() if self.run is not None else sorted(self.series)
+
+    def scalars(self, tag: str) -> Points:
+        if self.run is not None:
+            series = self.run.scalars(tag)
+            return Points(series.steps, series.values)
+        points = self.series.get(tag)
+        if points is None:
+            known = ", ".join(sorted(self.series)) or "none"
+            raise KeyError(f"run {self.name!r} has no scalar tag {tag!r}; it has: {known}")
+        return points
+
+    def own_snapshots(self) -> list[dict[str, Any]]:
+        return self.run.snapshots if self.run is not None else self.snapshots
+
+
+class RankedRun:
+    """A run of ``rank_<k>/`` dirs, with the parts of ``Run``'s interface the viewer uses."""
+
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self._ranks: dict[int, _Rank] = {}
+
+    def __repr__(self) -> str:
+        return f"RankedRun({self.name!r}, ranks={self.ranks})"
+
+    def refresh(self) -> bool:
+        """Read every rank's new records (one rank at a time); True when anything changed."""
+        changed = False
+        for rank, path in rank_dirs(self.path).items():
+            state = self._ranks.get(rank)
+            if state is None:
+                state = self._ranks[rank] = _Rank(rank, path, self.name)
+            changed = state.refresh() or changed
+        return changed
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self._ranks) or [0]
+
+    def _rank(self, rank: int | None) -> _Rank:
+        if rank is None:
+            if not self._ranks:
+                raise KeyError(f"run {self.name!r} has no data yet")
+            rank = min(self._ranks)
+        state = self._ranks.get(rank)
+        if state is None:
+            raise KeyError(f"run {self.name!r} has no rank {rank}; ranks: {self.ranks}")
+        return state
+
+    def tags(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
+        """Scalar tags of ``rank``, or of any rank when ``rank`` is None."""
+        if kind != "scalar":
+            return []
+        if rank is not None:
+            return self._rank(rank).tags()
+        return sorted({t for state in self._ranks.values() for t in state.tags()})
+
+    def scalars(self, tag: str, rank: int | None = None) -> Points:
+        """``(steps, values)`` of ``tag`` on ``rank`` (the lowest rank when None)."""
+        return self._rank(rank).scalars(tag)
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [s.last_step for s in self._ranks.values() if s.last_step is not None]
+        return max(steps) if steps else None
+
+    @property
+    def last_write(self) -> float | None:
+        times = [s.last_write for s in self._ranks.values() if s.last_write is not None]
+        return max(times) if times else None
+
+    def rank_last_step(self) -> dict[int, int | None]:
+        return {rank: s.last_step for rank, s in sorted(self._ranks.items())}
+
+    def rank_status(self) -> dict[int, str]:
+        return {rank: s.status for rank, s in sorted(self._ranks.items())}
+
+    @property
+    def status(self) -> str:
+        """As ``Run.status``: the most alarming state of any rank; damaged once done."""
+        statuses = set(self.rank_status().values())
+        status = next(
+            (s for s in ("running", "interrupted", "stopped") if s in statuses), "finished"
+        )
+        if status != "running" and any(s.problems for s in self._ranks.values()):
+            return "damaged"
+        return status
+
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every rank's own alerts (``alerts.jsonl``), each with its ``rank``."""
+        out = []
+        for rank, path in rank_dirs(self.path).items():
+            for alert in _read_jsonl(path / ALERTS):
+                alert.setdefault("rank", rank)
+                out.append(alert)
+        return out
+
+    @property
+    def snapshots(self) -> list[dict[str, Any]]:
+        return [snap for _, s in sorted(self._ranks.items()) for snap in s.own_snapshots()]
+
+
+class RankView:
+    """A frozen copy of what ``diagnose.ranks.rank_alerts`` reads from a run.
+
+    Taken under the run's lock (references to arrays that are never modified), so the
+    rules can run in another thread while the run keeps being refreshed.
+    """
+
+    def __init__(self, run: Any) -> None:
+        self.ranks = list(run.ranks)
+        self._series: dict[int, dict[str, Any]] = {}
+        for rank in self.ranks:
+            try:
+                tags = run.tags(rank=rank)
+            except KeyError:
+                tags = []
+            self._series[rank] = {tag: run.scalars(tag, rank=rank) for tag in tags}
+        self._last_step = dict(run.rank_last_step())
+        self._status = dict(run.rank_status())
+
+    def tags(self, rank: int | None = None) -> list[str]:
+        return sorted(self._series.get(self.ranks[0] if rank is None else rank, {}))
+
+    def scalars(self, tag: str, rank: int | None = None) -> Any:
+        return self._series[self.ranks[0] if rank is None else rank][tag]
+
+    def rank_last_step(self) -> Mapping[int, int | None]:
+        return self._last_step
+
+    def rank_status(self) -> Mapping[int, str]:
+        return self._status
