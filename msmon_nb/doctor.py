@@ -75,7 +75,7 @@ print({_PROBE_TAG!r} + json.dumps(out), flush=True)
 
 @dataclass(frozen=True)
 class Check:
-    """One line of the report; ``fix`` is set whenever ``status`` is not ok."""
+    """One line of the report; ``fix`` says what to do whenever ``status`` is warn or fail."""
 
     name: str
     status: str
@@ -103,10 +103,6 @@ class Report:
     @property
     def exit_code(self) -> int:
         return 1 if self.blocking else 0
-
-    def check(self, name: str) -> Check:
-        """The check called ``name``."""
-        return next(c for c in self.checks if c.name == name)
 
     def facts(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -333,7 +329,11 @@ def check_mindspore(probe: dict[str, Any]) -> Check:
             "pip install --force-reinstall 'mindspore>=2.10'",
             {"mindspore": None, "device": None},
         )
-    facts = {"mindspore": probe["version"], "device": probe["device"]}
+    facts = {
+        "mindspore": probe["version"],
+        "device": probe["device"],
+        "mindspore_path": probe.get("file"),
+    }
     value = f"{probe['version']}, device {probe['device']}"
     if probe.get("tensor_error"):
         return Check(
@@ -582,7 +582,7 @@ def check_vscode(project: str | os.PathLike[str] | None = None) -> Check:
 
 def _nearest_existing(path: Path) -> Path:
     path = path.absolute()
-    while not path.exists() and path != path.parent:
+    while not os.path.lexists(path) and path != path.parent:  # a dangling link is in the way
         path = path.parent
     return path
 

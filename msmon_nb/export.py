@@ -118,26 +118,49 @@ def export(
 def _export_tensorboard(
     run: Run, out: Path, total_bytes: int, progress: Callable[[int, int], None] | None
 ) -> int:
-    from msmon_nb.events.writer import EventWriter
+    """tfevents written synchronously: no writer thread and no queue to fill up.
 
-    writers: dict[int, EventWriter] = {}
+    Consecutive rows of one step become one Event (as the original records were), so a
+    10 M-point export stays a few tens of MB however fast the reading goes.
+    """
+    import platform
+    import time
+
+    from msmon_nb.events import wire
+    from msmon_nb.events.framing import frame
+    from msmon_nb.events.writer import event_file_name
+
+    files: dict[int, Any] = {}
     count = 0
+
+    def file_for(rank: int) -> Any:
+        f = files.get(rank)
+        if f is None:
+            logdir = out if len(run.ranks) <= 1 else out / f"rank_{rank}"
+            logdir.mkdir(parents=True, exist_ok=True)
+            name = event_file_name(int(time.time()), rank, platform.node(), flavor="tensorboard")
+            f = files[rank] = open(logdir / name, "wb")  # noqa: SIM115 - closed below
+            f.write(frame(wire.version_event(time.time(), wire.TF_VERSION)))
+        return f
+
     try:
         for rank, rows, done in iter_scalar_batches(run):
-            writer = writers.get(rank)
-            if writer is None:
-                logdir = out if len(run.ranks) <= 1 else out / f"rank_{rank}"
-                writer = writers[rank] = EventWriter(
-                    logdir, rank=rank, flavor="tensorboard", block_secs=None
-                )
-            for step, wall, tag, value in rows:
-                writer.add_scalars(step, {tag: value}, wall_time=wall)
+            f = file_for(rank)
+            i = 0
+            while i < len(rows):
+                step, wall = rows[i][0], rows[i][1]
+                j = i
+                while j < len(rows) and rows[j][0] == step and rows[j][1] == wall:
+                    j += 1
+                items = [(tag, value) for _, _, tag, value in rows[i:j]]
+                f.write(frame(wire.scalar_event(step, wall, items, wire.TF_PREFIXES)))
+                i = j
             count += len(rows)
             if progress is not None:
                 progress(done, total_bytes)
     finally:
-        for writer in writers.values():
-            writer.close()
+        for f in files.values():
+            f.close()
     return count
 
 

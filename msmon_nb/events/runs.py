@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -235,18 +235,32 @@ class Run:
             if path not in self._files:
                 self._files[path] = _FileState(RecordReader(path), rank)
 
-    def refresh(self) -> bool:
-        """Read new files and new records; True when anything new arrived."""
+    def refresh(self, progress: Callable[[int, int], None] | None = None) -> bool:
+        """Read new files and new records; True when anything new arrived.
+
+        ``progress(bytes_read, bytes_to_read)`` is called after each batch, for callers
+        that report long cold loads.
+        """
         self._loaded = True
         self._read_marker()
         self._discover()
         new = False
+        todo, done = 0, 0
+        if progress is not None:
+            for path, state in self._files.items():
+                try:
+                    todo += max(0, path.stat().st_size - state.reader.offset)
+                except OSError:
+                    continue
         for path in sorted(self._files, key=_file_key):
             state = self._files[path]
             rank = self._ranks.setdefault(state.rank, _RankData())
             for buf, base, starts, stops in state.reader.batches():
                 rank.ingest(path, buf, base, starts, stops)
                 new = True
+                if progress is not None:
+                    done += len(buf)
+                    progress(min(done, todo), todo)
         return new
 
     def _load(self) -> None:
