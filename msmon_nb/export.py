@@ -136,7 +136,7 @@ def _export_tensorboard(
     def file_for(rank: int) -> Any:
         f = files.get(rank)
         if f is None:
-            logdir = out if len(run.ranks) <= 1 else out / f"rank_{rank}"
+            logdir = out if len(run.file_ranks()) <= 1 else out / f"rank_{rank}"
             logdir.mkdir(parents=True, exist_ok=True)
             name = event_file_name(int(time.time()), rank, platform.node(), flavor="tensorboard")
             f = files[rank] = open(logdir / name, "wb")  # noqa: SIM115 - closed below

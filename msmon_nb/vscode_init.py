@@ -4,8 +4,9 @@ The templates live in the repository's ``vscode/`` directory (JSON with comments
 VSCode writes them). A file the project lacks is copied verbatim, comments included. A file
 it has is never overwritten: the entries it lacks (tasks by label, launch configurations by
 name, settings by key, list items, extension ids) are merged in when the file is plain
-JSON; when it holds comments, rewriting it would drop them, so nothing is written and the
-message names what to add by hand.
+JSON (``inputs`` the tasks and configurations prompt for, by id, too); when it holds
+comments, rewriting it would drop them, so nothing is written and the message names what
+to add by hand.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 TEMPLATES = ("tasks.json", "launch.json", "settings.json", "extensions.json")
-# file -> (list key, identity key of an item; None: the item itself)
-_LISTS: dict[str, tuple[str, str | None]] = {
-    "tasks.json": ("tasks", "label"),
-    "launch.json": ("configurations", "name"),
-    "extensions.json": ("recommendations", None),
+# file -> its lists: (list key, identity key of an item; None: the item itself)
+_LISTS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "tasks.json": (("tasks", "label"), ("inputs", "id")),
+    "launch.json": (("configurations", "name"), ("inputs", "id")),
+    "extensions.json": (("recommendations", None),),
 }
 
 
@@ -83,14 +84,16 @@ def merge(name: str, ours: Any, theirs: Any) -> tuple[Any, list[str]]:
     merged = json.loads(json.dumps(theirs))
     added: list[str] = []
     if name in _LISTS:
-        key, ident = _LISTS[name]
-        items = merged.setdefault(key, [])
-        have = {item.get(ident) if isinstance(item, dict) else item for item in items}
-        for item in ours.get(key, []):
-            item_id = item[ident] if ident else item
-            if item_id not in have:
-                items.append(item)
-                added.append(f"{key[:-1] if key.endswith('s') else key} {item_id!r}")
+        for key, ident in _LISTS[name]:
+            if key not in ours:
+                continue
+            items = merged.setdefault(key, [])
+            have = {item.get(ident) if isinstance(item, dict) else item for item in items}
+            for item in ours[key]:
+                item_id = item[ident] if ident else item
+                if item_id not in have:
+                    items.append(item)
+                    added.append(f"{key[:-1] if key.endswith('s') else key} {item_id!r}")
         return merged, added
     for key, value in ours.items():
         if key not in merged:

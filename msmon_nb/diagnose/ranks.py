@@ -48,28 +48,31 @@ Series = Any  # anything with .steps and .values (ScalarSeries, metrics Series)
 def _aligned(per_rank: Mapping[int, Series]) -> tuple[list[int], np.ndarray, np.ndarray]:
     """(ranks, common steps, values[rank_index, step_index]) over steps every rank has."""
     ranks = sorted(per_rank)
-    common = None
-    for rank in ranks:
-        steps = np.asarray(per_rank[rank].steps)
-        common = steps if common is None else np.intersect1d(common, steps)
-    if common is None or not len(common):
-        return ranks, np.zeros(0, np.int64), np.zeros((len(ranks), 0))
-    rows = []
-    for rank in ranks:
-        steps = np.asarray(per_rank[rank].steps)
-        values = np.asarray(per_rank[rank].values, dtype=np.float64)
-        rows.append(values[np.searchsorted(steps, common)])
-    return ranks, common, np.vstack(rows)
+    if not ranks:
+        return ranks, np.zeros(0, np.int64), np.zeros((0, 0))
+    all_steps = [np.asarray(per_rank[rank].steps) for rank in ranks]
+    first = all_steps[0]
+    if all(len(s) == len(first) and np.array_equal(s, first) for s in all_steps[1:]):
+        # the usual case (every rank collected the same steps): no intersection needed
+        values = np.vstack([np.asarray(per_rank[r].values, dtype=np.float64) for r in ranks])
+        return ranks, first, values
+    common = all_steps[0]
+    for steps in all_steps[1:]:
+        common = np.intersect1d(common, steps)
+    rows = [
+        np.asarray(per_rank[rank].values, dtype=np.float64)[np.searchsorted(steps, common)]
+        for rank, steps in zip(ranks, all_steps, strict=True)
+    ]
+    return ranks, common, np.vstack(rows) if rows else np.zeros((len(ranks), 0))
 
 
 def _first_run(mask: np.ndarray, patience: int) -> int | None:
     """Index where ``patience`` True values in a row begin, or None."""
-    count = 0
-    for i, flag in enumerate(mask.tolist()):
-        count = count + 1 if flag else 0
-        if count >= patience:
-            return i - patience + 1
-    return None
+    if len(mask) < patience:
+        return None
+    full = np.convolve(mask.astype(np.int64), np.ones(patience, dtype=np.int64), "valid")
+    hits = np.nonzero(full == patience)[0]
+    return int(hits[0]) if hits.size else None
 
 
 def grad_norm_mismatch(per_rank: Mapping[int, Series], rtol: float, patience: int) -> list[Alert]:
@@ -117,29 +120,23 @@ def loss_spread(
     spread = values.max(axis=0) - values.min(axis=0)
     base = float(np.median(spread[:window]))
     limit = max(factor * base, floor * float(np.median(np.abs(center[:window]))))
-    for end in range(2 * window, len(steps) + 1):
-        recent = spread[end - window : end]
-        if float(np.median(recent)) > limit:
-            first = end - window + int(np.argmax(recent > limit))
-            worst = ranks[int(np.argmax(np.abs(values[:, first] - center[first])))]
-            message = (
-                f"loss spread across ranks growing since step {steps[first]}: "
-                f"{float(np.median(recent)):.2g}, {base:.2g} at the start; the "
-                f"replicas are drifting apart (rank {worst} furthest): check that parameters "
-                "are broadcast at start and gradients are averaged on every rank"
-            )
-            return [
-                _alert(
-                    "loss_spread",
-                    steps[end - 1],
-                    steps[first],
-                    message,
-                    "train/loss",
-                    worst,
-                    float(np.median(recent)),
-                )
-            ]
-    return []
+    rolling = np.median(np.lib.stride_tricks.sliding_window_view(spread, window), axis=1)
+    over = np.nonzero(rolling[window:] > limit)[0]  # windows ending at 2*window onwards
+    if not over.size:
+        return []
+    end = 2 * window + int(over[0])
+    recent = spread[end - window : end]
+    level = float(np.median(recent))
+    first = end - window + int(np.argmax(recent > limit))
+    worst = ranks[int(np.argmax(np.abs(values[:, first] - center[first])))]
+    message = (
+        f"loss spread across ranks growing since step {steps[first]}: {level:.2g}, "
+        f"{base:.2g} at the start; the replicas are drifting apart (rank {worst} furthest): "
+        "check that parameters are broadcast at start and gradients are averaged on every rank"
+    )
+    return [
+        _alert("loss_spread", steps[end - 1], steps[first], message, "train/loss", worst, level)
+    ]
 
 
 def straggler(

@@ -275,6 +275,11 @@ class Run:
         self._discover()
         return sorted(self._files, key=_file_key)
 
+    def file_ranks(self) -> list[int]:
+        """Ranks that wrote files, from the file names alone (no data is read)."""
+        self._discover()
+        return sorted({state.rank for state in self._files.values()}) or [0]
+
     @property
     def ranks(self) -> list[int]:
         """Ranks that wrote files into the run (``[0]`` for single-process runs)."""
@@ -570,7 +575,10 @@ def _run_files(path: Path) -> list[tuple[Path, int]]:
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` holds a marker, summary files, or rank_<k> dirs with them."""
     p = Path(path)
-    return (p / MARKER).is_file() or bool(_run_files(p))
+    if (p / MARKER).is_file() or _run_files(p):
+        return True
+    # a distributed job whose ranks have written their markers but no records yet
+    return any((d / MARKER).is_file() for d in p.glob("rank_*") if _RANK_DIR_RE.match(d.name))
 
 
 def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:

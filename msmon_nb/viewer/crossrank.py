@@ -67,10 +67,13 @@ class CrossRankAlerts:
             done = self._done.get(name)
         return list(done[1]) if done else []
 
-    def idle(self, name: str) -> bool:
-        """True when nothing is waiting or running for ``name`` (tests and benchmarks)."""
+    def wait(self, name: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until nothing is queued or running for ``name``."""
         with self._cond:
-            return name not in self._pending and self._busy != name
+            return self._cond.wait_for(
+                lambda: self._closed or (name not in self._pending and self._busy != name),
+                timeout,
+            )
 
     def forget(self, name: str) -> None:
         """Drop what is known about a run that vanished."""
@@ -110,6 +113,7 @@ class CrossRankAlerts:
                 found = None
             with self._cond:
                 self._busy = None
+                self._cond.notify_all()
                 before = self._done.get(name)
                 self._not_before[name] = self._clock() + PAUSE_FACTOR * (self._clock() - started)
                 if found is None:

@@ -5,8 +5,9 @@ and a wall time for each (20 bytes) for every rank at once; the viewer needs ste
 values only, and a rank records the same steps for each of its tags. So in a run laid
 out as ``rank_<k>/`` dirs (how ``Monitor`` writes under msrun), each rank is read by a
 ``Run`` of its own, one rank at a time, and a rank that is done (its marker says
-finished, stopped or interrupted) is then kept compact: one steps array shared by its
-tags and the float32 values, about 4.5 bytes a point, its ``Run`` dropped. A rank still
+finished, stopped or interrupted) is then kept compact: the float32 values, and one steps
+array shared by every tag and rank that recorded the same steps (about 4 bytes a point),
+its ``Run`` dropped. A rank still
 being written keeps its ``Run``, which tails its files cheaply, until it is done. A done
 rank whose files change again (a restart) is read afresh.
 
@@ -131,12 +132,22 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _interned(pool: list[np.ndarray], steps: np.ndarray) -> np.ndarray:
+    """The array of ``pool`` equal to ``steps`` (added to the pool when there is none)."""
+    for known in pool:
+        if len(known) == len(steps) and np.array_equal(known, steps):
+            return known
+    pool.append(steps)
+    return steps
+
+
 class _Rank:
     """One rank: a live ``Run`` while it is written, compact ``Points`` once it is done."""
 
-    def __init__(self, rank: int, path: Path, run_name: str) -> None:
+    def __init__(self, rank: int, path: Path, run_name: str, steps_pool: list[np.ndarray]) -> None:
         self.rank = rank
         self.path = path
+        self.steps_pool = steps_pool  # distinct steps arrays of the run's compact ranks
         self.name = f"{run_name}/{path.name}"
         self.run: Run | None = None
         self.series: dict[str, Points] = {}
@@ -166,7 +177,7 @@ class _Rank:
         if self.run is None:  # first read, or a done rank whose files changed
             self.run = Run(self.path, name=self.name)
             self.series = {}
-        before = (self.run.last_step, self.status)
+        before = (self.last_step, self.status)
         grew = self.run.refresh()
         run = self.run
         self.last_step = run.last_step
@@ -179,22 +190,10 @@ class _Rank:
         return grew or before != (self.last_step, self.status)
 
     def _compact(self, run: Run) -> None:
-        shared: list[np.ndarray] = []
         series = {}
         for tag in run.tags():
             points = run.scalars(tag)
-            steps = next(
-                (
-                    s
-                    for s in shared
-                    if len(s) == len(points.steps) and np.array_equal(s, points.steps)
-                ),
-                None,
-            )
-            if steps is None:
-                steps = points.steps
-                shared.append(steps)
-            series[tag] = Points(steps, points.values)
+            series[tag] = Points(_interned(self.steps_pool, points.steps), points.values)
         self.snapshots = run.snapshots
         self.series = series
         self.run = None
@@ -223,6 +222,7 @@ class RankedRun:
         self.path = Path(path)
         self.name = name or self.path.name
         self._ranks: dict[int, _Rank] = {}
+        self._steps_pool: list[np.ndarray] = []
 
     def __repr__(self) -> str:
         return f"RankedRun({self.name!r}, ranks={self.ranks})"
@@ -233,8 +233,10 @@ class RankedRun:
         for rank, path in rank_dirs(self.path).items():
             state = self._ranks.get(rank)
             if state is None:
-                state = self._ranks[rank] = _Rank(rank, path, self.name)
+                state = self._ranks[rank] = _Rank(rank, path, self.name, self._steps_pool)
             changed = state.refresh() or changed
+        in_use = {id(p.steps): p.steps for s in self._ranks.values() for p in s.series.values()}
+        self._steps_pool[:] = in_use.values()
         return changed
 
     @property

@@ -29,6 +29,8 @@ from msmon_nb.events.runs import ALERTS, SNAPSHOTS, Run
 from msmon_nb.viewer.crossrank import CrossRankAlerts
 from msmon_nb.viewer.ranks import Merged, RankedRun, RankView, is_ranked, merge_ranks
 
+CROSS_RANK_WAIT = 1.0  # s an /api/alerts request waits for cross-rank rules in progress
+
 
 class UnknownRun(KeyError):
     """No run of that name under the base dir."""
@@ -186,8 +188,9 @@ class RunStore:
         """The run's own alerts and, for several ranks, the cross-rank ones, by step.
 
         Own alerts are read from disk each time (the files are small and appended);
-        cross-rank ones (``cross_rank: true``) are the worker's latest result, so they
-        may appear a moment after the run is loaded (an ``alerts`` event says when).
+        cross-rank ones (``cross_rank: true``) are the worker's latest result, waited for
+        up to ``CROSS_RANK_WAIT`` s, so for a big job they may appear later (an
+        ``alerts`` event says when).
         """
         entry = self._entry(name)
         with self._lock:
@@ -197,6 +200,7 @@ class RunStore:
         if not several:
             return own
         self.run(name)  # loading queues the cross-rank rules
+        self.cross_rank.wait(name, CROSS_RANK_WAIT)
         return sorted(own + self.cross_rank.get(name), key=_step_key)
 
     def snapshots(self, name: str) -> list[dict[str, Any]]:

@@ -89,3 +89,15 @@ def test_mixed_tags_and_layouts_keep_write_order(tmp_path):
     assert run.scalars("a").steps.tolist() == list(range(300))
     assert run.scalars("b").values.tolist() == [-s for s in range(0, 300, 3)]
     assert [p.step for p in run.histograms("h")] == list(range(0, 300, 50))
+
+
+def test_job_with_only_rank_markers_is_one_run(tmp_path):
+    import json
+
+    from msmon_nb.events.runs import find_run_dirs
+
+    for rank in (0, 1):
+        rank_dir = tmp_path / "job" / f"rank_{rank}"
+        rank_dir.mkdir(parents=True)
+        (rank_dir / "msmon_run.json").write_text(json.dumps({"rank": rank}))
+    assert find_run_dirs(tmp_path) == [tmp_path / "job"]

@@ -87,3 +87,47 @@ def write_run(
     if readonly:
         path.chmod(0o400)
     return path
+
+
+def write_ranked_run(
+    run_dir: str | os.PathLike[str],
+    columns: dict[int, dict[str, np.ndarray]],
+    steps: dict[int, np.ndarray] | None = None,
+    status: dict[int, str] | None = None,
+    pid: int | None = None,
+) -> Path:
+    """A distributed run as ``Monitor`` writes it under msrun: ``rank_<k>/`` per rank.
+
+    ``columns[k]`` maps tag -> values of rank k at ``steps[k]`` (default ``0..n-1``),
+    written with ``EventWriter(run_dir/rank_k, rank=k)``; each rank gets a marker with
+    ``status[k]`` (default finished). A ``running`` rank's marker names ``pid`` (default
+    this process, so it reads as alive; pass a dead pid for a rank whose process died).
+    """
+    import socket
+
+    from msmon_nb.events.writer import EventWriter
+    from msmon_nb.rundir import write_marker
+
+    run_dir = Path(run_dir)
+    size = len(columns)
+    for rank, cols in columns.items():
+        n = len(next(iter(cols.values())))
+        rank_steps = np.arange(n) if steps is None or rank not in steps else steps[rank]
+        rank_dir = run_dir / f"rank_{rank}"
+        with EventWriter(rank_dir, rank=rank, block_secs=None) as writer:
+            for i, step in enumerate(rank_steps.tolist()):
+                writer.add_scalars(step, {tag: float(v[i]) for tag, v in cols.items()})
+        state = (status or {}).get(rank, "finished")
+        marker = {
+            "run_name": run_dir.name,
+            "status": state,
+            "start": 1.7e9,
+            "rank": rank,
+            "ranks": size,
+            "host": socket.gethostname(),
+            "pid": os.getpid() if pid is None else pid,
+        }
+        if state != "running":
+            marker.update(end=1.7e9 + 60, last_step=int(rank_steps[-1]) if n else None)
+        write_marker(rank_dir, marker)
+    return run_dir

@@ -242,3 +242,100 @@ def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_pat
     finally:
         writer.kill()
         writer.wait()
+
+
+RANK_STEPS, DEAD_AFTER, SLOW_FROM = 300, 179, 120
+
+
+@pytest.fixture
+def ranked_base(tmp_path):
+    """A 2-rank job: rank 1 straggles from step 120 and its process dies after step 179."""
+    from tests.viewer.synth import write_ranked_run
+
+    rng = np.random.default_rng(1)
+    columns = {}
+    for rank, n in ((0, RANK_STEPS), (1, DEAD_AFTER + 1)):
+        s = np.arange(n)
+        columns[rank] = {
+            LOSS: 2.0 * np.exp(-s / 100) + 0.3 + 0.08 * rng.standard_normal(n),
+            "train/grad_norm": 1.0 + 0.5 * np.exp(-s / 150),
+            "train/step_time": np.where((rank == 1) & (s >= SLOW_FROM), 0.5, 0.1)
+            + 0.003 * rng.standard_normal(n),
+        }
+    write_ranked_run(tmp_path / "job", columns, status={1: "running"}, pid=2**22 + 1)
+    return tmp_path
+
+
+def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tmp_path):
+    shots = DOCS or tmp_path
+    server, _ = serve(ranked_base)
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    problems = []
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    page.goto(server.url)
+    series_names = """(t) => (document.getElementById('chart-' + t)?.data || [])
+        .filter((d) => d.meta === 'series').map((d) => d.name).sort().join('|')"""
+
+    # 1. the run list shows both ranks with their last step and status; rank 1 is flagged
+    row = page.locator("tr[data-ranks-of='job']")
+    wait_for(
+        page, "() => document.querySelectorAll(\"[data-ranks-of='job'] li.rank\").length === 2"
+    )
+    rank0, rank1 = row.locator("li.rank[data-rank='0']"), row.locator("li.rank[data-rank='1']")
+    assert "step 299" in rank0.inner_text() and rank0.get_attribute("data-status") == "finished"
+    assert "step 179" in rank1.inner_text() and rank1.get_attribute("data-status") == "interrupted"
+    assert "flagged" in rank1.get_attribute("class") and "flagged" not in rank0.get_attribute(
+        "class"
+    )
+    assert "1 stopped" in row.locator("summary").inner_text()
+
+    # 2. two ranks start as one line each, in the run's colour family
+    wait_for(page, f"(t) => ({series_names})(t) === 'job rank 0|job rank 1'", LOSS)
+    lines = {t["name"]: t for t in page.evaluate(TRACES, [LOSS, "series"])}
+    assert max(lines["job rank 0"]["x"]) == RANK_STEPS - 1
+    assert max(lines["job rank 1"]["x"]) == DEAD_AFTER
+    assert page.evaluate(TRACES, [LOSS, "band"]) == []
+
+    # 3. rank alerts are markers labelled with their rank: rank_stopped on every chart,
+    # the straggler on train/step_time
+    has_alert = (
+        "(t) => (document.getElementById('chart-' + t)?.data || []).some((d) => d.meta === 'alert')"
+    )
+    wait_for(page, has_alert, "train/step_time")
+    (marks,) = page.evaluate(TRACES, ["train/step_time", "alert"])
+    assert marks["text"] == ["rank 1", "rank 1"]
+    assert sorted(marks["x"]) == [SLOW_FROM + 2, RANK_STEPS - 1]  # confirmed at, stopped by
+    wait_for(page, has_alert, LOSS)
+    (marks,) = page.evaluate(TRACES, [LOSS, "alert"])
+    assert marks["text"] == ["rank 1"] and marks["x"] == [RANK_STEPS - 1]
+    hover = page.evaluate(
+        "(t) => document.getElementById('chart-' + t).data"
+        ".find((d) => d.meta === 'alert').hovertext",
+        LOSS,
+    )
+    assert "job rank 1: rank 1 stopped writing after step 179" in hover[0]
+    kinds = page.locator("#alerts tbody tr").evaluate_all(
+        "(rows) => rows.map((r) => [r.dataset.kind, r.dataset.rank])"
+    )
+    assert sorted(kinds) == [["rank_stopped", "1"], ["straggler", "1"]]
+
+    # 4. the toggle switches the run to a band: the mean line and the ranks' min..max
+    row.locator(".rank-mode button[data-mode='band']").click()
+    wait_for(page, f"(t) => ({series_names})(t) === 'job mean of 2 ranks'", LOSS)
+    (mean,) = page.evaluate(TRACES, [LOSS, "series"])
+    low, high = page.evaluate(TRACES, [LOSS, "band"])
+    assert mean["x"] == low["x"] == high["x"] and len(mean["x"]) == RANK_STEPS
+    for m, lo, hi in zip(mean["y"], low["y"], high["y"], strict=True):
+        assert lo <= m <= hi
+    assert any(hi - lo > 0.05 for lo, hi in zip(low["y"], high["y"], strict=True))
+    assert row.locator("button[data-mode='band']").get_attribute("aria-pressed") == "true"
+    assert row.locator("button[data-mode='lines']").get_attribute("aria-pressed") == "false"
+    shots.mkdir(exist_ok=True)
+    page.screenshot(path=str(shots / "viewer-ranks.png"), full_page=True)
+
+    # 5. and back to one line per rank
+    row.locator(".rank-mode button[data-mode='lines']").click()
+    wait_for(page, f"(t) => ({series_names})(t) === 'job rank 0|job rank 1'", LOSS)
+    assert page.evaluate(TRACES, [LOSS, "band"]) == []
+    assert problems == []

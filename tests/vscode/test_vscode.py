@@ -28,20 +28,35 @@ def tasks_by_label() -> dict:
     return {t["label"]: t for t in load("tasks.json")["tasks"]}
 
 
-def shell_line(task: dict, project: Path) -> str:
-    """The task's command line as VSCode would run it, variables substituted."""
+def inputs(name: str) -> dict:
+    """``${input:<id>}`` -> its default, for the inputs ``name`` declares."""
+    return {f"${{input:{i['id']}}}": i["default"] for i in load(name).get("inputs", [])}
+
+
+def fill(text: str, project: Path, file: Path | None = None, extra: dict | None = None) -> str:
+    """``text`` with VSCode's variables substituted as it would for ``project``."""
     subst = {
         "${command:python.interpreterPath}": sys.executable,
         "${workspaceFolder}": str(project),
+        "${env:PATH}": os.environ.get("PATH", ""),
+        **({"${file}": str(file)} if file else {}),
+        **(extra or {}),
     }
+    for var, value in subst.items():
+        text = text.replace(var, value)
+    assert "${" not in text, f"unsubstituted variable in {text!r}"
+    return text
 
-    def fill(text: str) -> str:
-        for var, value in subst.items():
-            text = text.replace(var, value)
-        assert "${" not in text, f"unsubstituted variable in {text!r}"
-        return text
 
-    return shlex.join([fill(task["command"]), *(fill(a) for a in task.get("args", []))])
+def shell_line(task: dict, project: Path, file: Path | None = None) -> str:
+    """The task's command line as VSCode would run it, variables substituted."""
+    extra = inputs("tasks.json")
+    if task.get("type") == "shell" and not task.get("args"):  # run by the shell as written
+        return fill(task["command"], project, file, extra)
+    return shlex.join(
+        [fill(task["command"], project, file, extra)]
+        + [fill(a, project, file, extra) for a in task.get("args", [])]
+    )
 
 
 def test_templates_are_the_vscode_dir_and_all_parse():
@@ -65,13 +80,18 @@ def test_every_reference_resolves():
         for dep in task.get("dependsOn", []):
             assert dep in tasks, f"{task['label']} depends on missing {dep!r}"
     launch = load("launch.json")["configurations"]
-    assert {c["name"] for c in launch} == {"msmon: debug current file", "msmon: debug the demo"}
+    by_name = {c["name"]: c for c in launch}
+    assert set(by_name) == {
+        "msmon: debug current file",
+        "msmon: debug the demo",
+        "msmon: debug current file under msrun",
+    }
     for config in launch:
         assert config["preLaunchTask"] in tasks
         assert config["justMyCode"] is False and config["type"] == "debugpy"
     current = next(c for c in launch if c["program" if "program" in c else "name"] == "${file}")
     assert current["request"] == "launch"
-    demo = next(c for c in launch if c.get("module"))
+    demo = by_name["msmon: debug the demo"]
     assert demo["module"] == "msmon_nb.cli"
     build_parser().parse_args(demo["args"])  # a valid msmon command line
     prelaunch = tasks["msmon: clean + viewer"]
@@ -147,8 +167,58 @@ def test_viewer_task_matches_its_problem_matcher_and_serves(tmp_path):
             assert error.search(clash.stderr.strip().splitlines()[-1]), clash.stderr
 
 
+def launch_config(name: str) -> dict:
+    return next(c for c in load("launch.json")["configurations"] if c["name"] == name)
+
+
+def test_msrun_task_and_launch_preset_are_wired(tmp_path):
+    """Inputs declared, clean + viewer first, PATH with this interpreter's bin first."""
+    import re as re_
+
+    tasks = tasks_by_label()
+    for name, entries in (
+        ("tasks.json", tasks.values()),
+        ("launch.json", load("launch.json")["configurations"]),
+    ):
+        used = set(re_.findall(r"\$\{input:(\w+)\}", json.dumps(list(entries))))
+        declared = {i["id"] for i in load(name).get("inputs", [])}
+        assert used <= declared, f"{name} uses undeclared inputs {used - declared}"
+    assert inputs("tasks.json")["${input:msmonWorkers}"] == "2"
+    task = tasks["msmon: msrun current file"]
+    assert task["dependsOn"] == ["msmon: clean + viewer"]
+    line = shell_line(task, tmp_path, tmp_path / "train.py")
+    bin_dir = str(Path(sys.executable).parent)
+    assert f"PATH=\"$(dirname '{sys.executable}'):$PATH\"" in line
+    for flag in (
+        "--worker_num=2",
+        "--local_worker_num=2",
+        "--master_addr=127.0.0.1",
+        "--join=True",
+    ):
+        assert flag in line
+    assert line.endswith(f"'{tmp_path / 'train.py'}'") and Path(bin_dir, "msrun").is_file()
+    preset = launch_config("msmon: debug current file under msrun")
+    assert preset["preLaunchTask"] == "msmon: clean + viewer"
+    assert preset["subProcess"] is True and preset["module"] == "mindspore.parallel.cluster.run"
+    assert preset["env"]["PATH"].startswith("${workspaceFolder}/.venv/bin:")
+    assert preset["args"][-1] == "${file}"
+    # msrun's own parser takes the preset's arguments
+    args = [fill(a, tmp_path, tmp_path / "train.py", inputs("launch.json")) for a in preset["args"]]
+    code = (
+        "import sys; sys.argv = ['msrun', *sys.argv[1:]]\n"
+        "from mindspore.parallel.cluster.run import get_args\n"
+        "a = get_args(); print(a.worker_num, a.local_worker_num, a.master_port, a.join)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, GLOG_v="3"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-4:] == ["2", "2", "8118", "True"]
+
+
 def test_demo_launch_configuration_runs_from_a_shell(tmp_path):
-    demo = next(c for c in load("launch.json")["configurations"] if c.get("module"))
+    demo = launch_config("msmon: debug the demo")
     args = [a.replace("${workspaceFolder}", str(tmp_path)) for a in demo["args"]]
     proc = subprocess.run(
         [sys.executable, "-m", demo["module"], *args, "--steps", "15"],
@@ -196,6 +266,8 @@ def test_init_merges_plain_json_and_refuses_commented_files(tmp_path):
     tasks = json.loads((vs / "tasks.json").read_text())
     labels = [t["label"] for t in tasks["tasks"]]
     assert labels[0] == "build" and set(tasks_by_label()) <= set(labels)
+    assert tasks["inputs"] == load("tasks.json")["inputs"]  # what the msrun task prompts for
+    assert "input 'msmonWorkers'" in proc.stdout
     settings = json.loads((vs / "settings.json").read_text())
     assert settings["python.defaultInterpreterPath"] == "/opt/py/bin/python"  # theirs kept
     assert settings["jupyter.runStartupCommands"] == ["%matplotlib inline", "%load_ext msmon_nb"]
@@ -203,3 +275,79 @@ def test_init_merges_plain_json_and_refuses_commented_files(tmp_path):
     assert "left" in proc.stdout and "has comments" in proc.stdout
     assert "'msmon: debug current file'" in proc.stdout
     assert (vs / "extensions.json").exists()
+
+
+TINY_DP = """
+from mindspore.communication import get_group_size, get_rank, init
+from msmon_nb.monitor import Monitor
+
+init()
+with Monitor(save_dir="summary", model_name="tiny") as mon:
+    for step in range(5):
+        mon.step(loss=1.0 + get_rank(), grad_norm=2.0)
+print(f"rank {get_rank()} of {get_group_size()} done", flush=True)
+"""
+BARE_PATH = "/usr/bin:/bin"  # this venv is not on it: the task and the preset must add it
+
+
+def run_job(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """Run an msrun job to its end; its whole process group is killed if it hangs."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def assert_two_rank_run(project: Path, job: subprocess.CompletedProcess) -> None:
+    from msmon_nb.events.index import RunIndex
+    from msmon_nb.events.runs import load_run
+
+    logs = project / "msrun_logs"
+    worker_logs = {p.name: p.read_text()[-1500:] for p in logs.glob("worker_*.log")}
+    assert job.returncode == 0, (job.stdout[-2000:], worker_logs)
+    assert "rank 1 of 2 done" in worker_logs["worker_1.log"]
+    (info,) = RunIndex(project / "summary").scan()  # both ranks in one run, as the viewer lists it
+    assert info.ranks == (0, 1)
+    assert info.rank_status == {0: "finished", 1: "finished"}
+    assert info.rank_last_step == {0: 4, 1: 4}
+    run = load_run(info.path)
+    assert run.scalars("train/loss", rank=1).values.tolist() == [2.0] * 5
+    assert run.merged("train/loss").mean.tolist() == [1.5] * 5
+
+
+@pytest.mark.slow
+def test_msrun_task_runs_the_current_file_as_two_ranks(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TINY_DP)
+    task = tasks_by_label()["msmon: msrun current file"]
+    line = shell_line(task, tmp_path, script)
+    shell = task["options"]["shell"]
+    env = dict(os.environ, PATH=BARE_PATH, **task["options"]["env"])
+    cwd = Path(fill(task["options"]["cwd"], tmp_path))
+    job = run_job([shell["executable"], *shell["args"], line], cwd, env)
+    assert_two_rank_run(tmp_path, job)
+
+
+@pytest.mark.slow
+def test_msrun_launch_preset_runs_from_a_shell(tmp_path):
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the project's venv
+    script = tmp_path / "train.py"
+    script.write_text(TINY_DP)
+    preset = launch_config("msmon: debug current file under msrun")
+    with socket.socket() as sock:  # not the default 8118: tests may run side by side
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    values = {**inputs("launch.json"), "${input:msmonMasterPort}": port, "${env:PATH}": BARE_PATH}
+    args = [fill(a, tmp_path, script, values) for a in preset["args"]]
+    env = dict(
+        os.environ, **{k: fill(v, tmp_path, script, values) for k, v in preset["env"].items()}
+    )
+    job = run_job([sys.executable, "-m", preset["module"], *args], tmp_path, env)
+    assert_two_rank_run(tmp_path, job)

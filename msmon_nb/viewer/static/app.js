@@ -4,6 +4,10 @@
 // a non-finite value is null in `values` and listed in `nonfinite` with its kind, so it is
 // drawn as a marker instead of vanishing. Zooming refetches the visible step range, which
 // the server returns raw once it holds few enough points.
+//
+// A run with several ranks is drawn either as one line per rank (rank=K) or as a band:
+// the mean across ranks with the ranks' min..max shaded (rank=all, where the server keeps
+// each bucket's lowest minimum and highest maximum, so one rank's spike survives).
 "use strict";
 
 const MAX_POINTS = 1000;
@@ -11,12 +15,16 @@ const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const GROUP_ORDER = ["train", "val", "sys"];
 const FETCH_CONCURRENCY = 4;
+const LINES_UP_TO = 8;    // runs with more ranks start as a band
 
 const state = {
   runs: [],               // from /api/runs
   selected: new Set(),    // run names
   colors: new Map(),      // run name -> colour, stable while the page lives
-  charts: new Map(),      // tag -> {div, zoom: [x0, x1] | null, data: Map(run -> series)}
+  charts: new Map(),      // tag -> {div, zoom: [x0, x1] | null, data: Map(run -> drawn)}
+                          // drawn: {mode: "single" | "band", series} or {mode: "lines", ranks: [[k, series]]}
+  rankMode: new Map(),    // run -> "lines" | "band", for runs with several ranks
+  ranksOpen: new Map(),   // run -> whether its rank list is unfolded
   alerts: new Map(),      // run -> [alert]
   snapshots: new Map(),   // run -> [snapshot]
   yscale: "linear",
@@ -95,6 +103,44 @@ function colorOf(run) {
   return state.colors.get(run);
 }
 
+// The run's colour, darker for low ranks and lighter for high ones.
+function rankColor(run, index, count) {
+  const base = colorOf(run);
+  const t = count > 1 ? index / (count - 1) - 0.5 : 0;  // -0.5 .. 0.5
+  const mix = (c) => Math.round(t < 0 ? c * (1 + t) : c + (255 - c) * t);
+  const [r, g, b] = [1, 3, 5].map((i) => mix(parseInt(base.slice(i, i + 2), 16)));
+  return `rgb(${r}, ${g}, ${b})`;
+}
+
+function withAlpha(hex, alpha) {
+  const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+}
+
+function isRanked(run) {
+  return (run.ranks || []).length > 1;
+}
+
+function modeOf(run) {
+  if (!isRanked(run)) return "single";
+  if (!state.rankMode.has(run.name)) {
+    state.rankMode.set(run.name, run.ranks.length <= LINES_UP_TO ? "lines" : "band");
+  }
+  return state.rankMode.get(run.name);
+}
+
+// Ranks to flag in the run list: process gone, or named by a rank_stopped alert (hung).
+function flaggedRanks(run) {
+  const flagged = new Set();
+  for (const [k, status] of Object.entries(run.rank_status || {})) {
+    if (status === "interrupted") flagged.add(Number(k));
+  }
+  for (const a of state.alerts.get(run.name) || []) {
+    if (a.kind === "rank_stopped" && a.rank != null) flagged.add(a.rank);
+  }
+  return flagged;
+}
+
 // --- run list --------------------------------------------------------------------------
 
 async function loadRuns() {
@@ -135,8 +181,53 @@ function renderRuns() {
       el("td", { class: "num age", "data-last-write": run.last_write ?? "", text: age(run.last_write) }));
     row.addEventListener("click", () => toggleRun(run.name));
     body.append(row);
+    if (isRanked(run)) {
+      row.classList.add("has-ranks");
+      body.append(el("tr", { class: "ranks-row", "data-ranks-of": run.name },
+        el("td"), el("td", { colspan: "4" }, rankControls(run))));
+    }
   }
   document.getElementById("runs-empty").hidden = state.runs.length > 0;
+}
+
+// Under a run with several ranks: the lines/band toggle and each rank's last step and status.
+function rankControls(run) {
+  const mode = modeOf(run);
+  const toggle = el("span", { class: "rank-mode", role: "group", "aria-label": `draw the ranks of ${run.name} as` });
+  for (const [value, label] of [["lines", "per-rank lines"], ["band", "band"]]) {
+    const button = el("button", { type: "button", "data-mode": value, text: label,
+      "aria-pressed": String(mode === value) });
+    button.addEventListener("click", () => setRankMode(run.name, value));
+    toggle.append(button);
+  }
+  const flagged = flaggedRanks(run);
+  const list = el("ul");
+  for (const k of run.ranks) {
+    const status = (run.rank_status || {})[k] || "";
+    const last = (run.rank_last_step || {})[k];
+    const item = el("li", { class: `rank${flagged.has(k) ? " flagged" : ""}`, "data-rank": String(k),
+      "data-status": status, title: flagged.has(k) ? "this rank stopped while others went on" : "" },
+    el("span", { class: "rank-name", text: `rank ${k}` }),
+    el("span", { class: "num rank-step", text: last == null ? "-" : `step ${last}` }));
+    if (status) item.append(el("span", { class: `status ${status}`, text: status }));
+    list.append(item);
+  }
+  const summary = el("summary", { text: `${run.ranks.length} ranks` });
+  if (flagged.size) summary.append(el("span", { class: "flag", text: ` · ${flagged.size} stopped` }));
+  const details = el("details", { class: "rank-list" }, summary, list);
+  details.open = state.ranksOpen.get(run.name) ?? (run.ranks.length <= LINES_UP_TO || flagged.size > 0);
+  details.addEventListener("toggle", () => state.ranksOpen.set(run.name, details.open));
+  return el("div", { class: "ranks" }, toggle, details);
+}
+
+function setRankMode(name, mode) {
+  if (state.rankMode.get(name) === mode) return;
+  state.rankMode.set(name, mode);
+  renderRuns();
+  for (const [tag, chart] of state.charts) {
+    chart.data.delete(name);
+    fetchChart(tag, name);
+  }
 }
 
 function toggleRun(name) {
@@ -195,8 +286,9 @@ function syncCharts() {
   document.getElementById("hint").hidden = state.selected.size > 0;
 }
 
-function scalarsURL(run, tag, zoom) {
+function scalarsURL(run, tag, zoom, rank = null) {
   const params = new URLSearchParams({ run, tag, max_points: String(MAX_POINTS) });
+  if (rank != null) params.set("rank", String(rank));
   if (zoom) {
     params.set("start", String(Math.floor(zoom[0])));
     params.set("end", String(Math.ceil(zoom[1])));
@@ -211,8 +303,8 @@ async function fetchChart(tag, onlyRun = null) {
   const runs = selectedRuns().filter((r) => r.tags.includes(tag) && (!onlyRun || r.name === onlyRun));
   await Promise.all(runs.map(async (run) => {
     try {
-      const series = await limited(() => getJSON(scalarsURL(run.name, tag, zoom)));
-      if (chart.zoom === zoom) chart.data.set(run.name, series);
+      const drawn = await fetchDrawn(run, tag, zoom);
+      if (chart.zoom === zoom && drawn.mode === modeOf(run)) chart.data.set(run.name, drawn);
     } catch (err) {
       console.warn(`msmon: ${run.name} ${tag}: ${err.message}`);
     }
@@ -221,20 +313,76 @@ async function fetchChart(tag, onlyRun = null) {
   draw(tag);
 }
 
+// What one run contributes to a chart: its series, one per rank, or the ranks merged.
+async function fetchDrawn(run, tag, zoom) {
+  const mode = modeOf(run);
+  if (mode !== "lines") {
+    const rank = mode === "band" ? "all" : null;
+    return { mode, series: await limited(() => getJSON(scalarsURL(run.name, tag, zoom, rank))) };
+  }
+  const parts = await Promise.all(run.ranks.map((k) =>
+    limited(() => getJSON(scalarsURL(run.name, tag, zoom, k))).then((s) => [k, s], () => null)));
+  return { mode, ranks: parts.filter(Boolean) };  // a rank without this tag is left out
+}
+
 function alertTraces(tag) {
   const traces = [];
   for (const run of selectedRuns()) {
     const items = (state.alerts.get(run.name) || []).filter((a) => !a.tag || a.tag === tag);
     if (!items.length) continue;
+    const ranked = isRanked(run);
+    const describe = (a) => `${run.name}${a.rank != null && ranked ? ` rank ${a.rank}` : ""}: ${a.message}`;
     traces.push({
       x: items.map((a) => a.step), y: items.map(() => 0.9), yaxis: "y2",
-      type: "scatter", mode: "markers", name: `${run.name} alerts`, meta: "alert",
+      type: "scatter", mode: ranked ? "markers+text" : "markers", name: `${run.name} alerts`, meta: "alert",
       marker: { symbol: "diamond", size: 11, color: items.map((a) =>
         a.severity === "critical" ? "#cf222e" : "#bf8700"), line: { color: colorOf(run.name), width: 1.5 } },
-      text: items.map((a) => `${run.name}: ${a.message}`), hoverinfo: "text+x", showlegend: false,
+      // ranked runs label each marker with its rank; the message is in the hover text
+      text: ranked ? items.map((a) => (a.rank != null ? `rank ${a.rank}` : "")) : items.map(describe),
+      hovertext: items.map(describe), textposition: "bottom center",
+      textfont: { size: 10, color: "#cf222e" }, hoverinfo: "text+x", showlegend: false,
     });
   }
   return traces;
+}
+
+// The line of one series (plus its smoothed line and NaN/Inf markers).
+function lineTraces(label, s, color, showlegend) {
+  const traces = [];
+  const smoothing = state.smoothing > 0;
+  traces.push({
+    x: s.steps, y: s.values, type: "scatter", mode: s.steps.length < 60 ? "lines+markers" : "lines",
+    name: label, meta: "series", line: { color, width: smoothing ? 1 : 1.6 },
+    marker: { size: 4 }, opacity: smoothing ? 0.3 : 1, showlegend: showlegend && !smoothing,
+    hovertemplate: `${label}<br>step %{x}<br>%{y:.6g}<extra></extra>`,
+  });
+  if (smoothing) {
+    traces.push({
+      x: s.steps, y: ema(s.values, state.smoothing), type: "scatter", mode: "lines",
+      name: label, meta: "smoothed", line: { color, width: 2 }, showlegend,
+      hovertemplate: `${label} (smoothed)<br>step %{x}<br>%{y:.6g}<extra></extra>`,
+    });
+  }
+  if (s.nonfinite.steps.length) {
+    traces.push({
+      x: s.nonfinite.steps, y: s.nonfinite.steps.map(() => 1), yaxis: "y2",
+      type: "scatter", mode: "markers", name: `${label} NaN/Inf`, meta: "nonfinite",
+      marker: { symbol: "x", size: 10, color: "#cf222e", line: { color, width: 1 } },
+      text: s.nonfinite.kinds.map((k, i) => `${label}: ${k.toUpperCase()} at step ${s.nonfinite.steps[i]}`),
+      hoverinfo: "text", showlegend: false,
+    });
+  }
+  return traces;
+}
+
+// The ranks' min..max as a shaded band (lower edge, then upper edge filled down to it).
+function bandTraces(label, s, color) {
+  const common = { x: s.steps, type: "scatter", mode: "lines", meta: "band", showlegend: false,
+    line: { width: 0, color }, hoverinfo: "skip" };
+  return [
+    { ...common, y: s.band_min, name: `${label} min` },
+    { ...common, y: s.band_max, name: `${label} max`, fill: "tonexty", fillcolor: withAlpha(color, 0.22) },
+  ];
 }
 
 function draw(tag) {
@@ -244,35 +392,26 @@ function draw(tag) {
   let raw = true;
   let points = 0;
   let nonfinite = 0;
+  let legend = 0;
   for (const run of selectedRuns()) {
-    const s = chart.data.get(run.name);
-    if (!s) continue;
-    raw = raw && s.raw;
-    points += s.steps.length;
+    const drawn = chart.data.get(run.name);
+    if (!drawn) continue;
     const color = colorOf(run.name);
-    const smoothing = state.smoothing > 0;
-    traces.push({
-      x: s.steps, y: s.values, type: "scatter", mode: s.steps.length < 60 ? "lines+markers" : "lines",
-      name: run.name, meta: "series", line: { color, width: smoothing ? 1 : 1.6 },
-      marker: { size: 4 }, opacity: smoothing ? 0.3 : 1, showlegend: !smoothing,
-      hovertemplate: `${run.name}<br>step %{x}<br>%{y:.6g}<extra></extra>`,
-    });
-    if (smoothing) {
-      traces.push({
-        x: s.steps, y: ema(s.values, state.smoothing), type: "scatter", mode: "lines",
-        name: run.name, meta: "smoothed", line: { color, width: 2 },
-        hovertemplate: `${run.name} (smoothed)<br>step %{x}<br>%{y:.6g}<extra></extra>`,
-      });
-    }
-    if (s.nonfinite.steps.length) {
+    const parts = drawn.mode === "lines" ? drawn.ranks : [[null, drawn.series]];
+    for (const [i, [k, s]] of parts.entries()) {
+      raw = raw && s.raw;
+      points += s.steps.length;
       nonfinite += s.nonfinite.steps.length;
-      traces.push({
-        x: s.nonfinite.steps, y: s.nonfinite.steps.map(() => 1), yaxis: "y2",
-        type: "scatter", mode: "markers", name: `${run.name} NaN/Inf`, meta: "nonfinite",
-        marker: { symbol: "x", size: 10, color: "#cf222e", line: { color, width: 1 } },
-        text: s.nonfinite.kinds.map((k, i) => `${run.name}: ${k.toUpperCase()} at step ${s.nonfinite.steps[i]}`),
-        hoverinfo: "text", showlegend: false,
-      });
+      legend += 1;
+      if (drawn.mode === "lines") {
+        traces.push(...lineTraces(`${run.name} rank ${k}`, s, rankColor(run.name, i, parts.length),
+          parts.length <= LINES_UP_TO));
+      } else if (drawn.mode === "band") {
+        traces.push(...bandTraces(run.name, s, color));
+        traces.push(...lineTraces(`${run.name} mean of ${run.ranks.length} ranks`, s, color, true));
+      } else {
+        traces.push(...lineTraces(run.name, s, color, true));
+      }
     }
   }
   traces.push(...alertTraces(tag));
@@ -284,7 +423,7 @@ function draw(tag) {
     yaxis: { type: state.yscale, exponentformat: "e" },
     yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true },
     legend: { orientation: "h", y: -0.25, font: { size: 11 } },
-    showlegend: selectedRuns().length > 1,
+    showlegend: legend > 1,
     hovermode: "closest", dragmode: "zoom",
     // A new revision per zoom: the y axis fits the points fetched for the zoomed range.
     uirevision: chart.zoom ? `${tag} ${chart.zoom.join(" ")}` : tag,
@@ -352,8 +491,9 @@ function renderSide() {
   for (const run of selectedRuns()) {
     for (const a of state.alerts.get(run.name) || []) {
       nAlerts += 1;
-      alertsBody.append(el("tr", {},
-        el("td", { text: run.name }), el("td", { class: "num", text: fmt(a.step) }),
+      alertsBody.append(el("tr", { "data-kind": a.kind || "", "data-rank": a.rank ?? "" },
+        el("td", { text: run.name }), el("td", { class: "num", text: a.rank == null ? "-" : String(a.rank) }),
+        el("td", { class: "num", text: fmt(a.step) }),
         el("td", { class: "num", text: fmt(a.since_step) }),
         el("td", { class: `severity-${a.severity}`, text: a.severity || "-" }),
         el("td", { text: a.kind || "-" }), el("td", { text: a.message || "" })));
@@ -408,9 +548,14 @@ const relisted = new Set();
 async function refreshAll() {
   syncCharts();
   const runs = selectedRuns().map((r) => r.name);
-  await Promise.all(runs.map(loadSide));
-  renderSide();
-  await Promise.all([...state.charts.keys()].map((tag) => fetchChart(tag)));
+  // Alerts and snapshots load beside the charts (a big job's cross-rank alerts come later
+  // than its charts); once here, they are drawn onto whatever the charts hold.
+  const side = Promise.all(runs.map(loadSide)).then(() => {
+    renderSide();
+    if (selectedRuns().some(isRanked)) renderRuns();  // rank_stopped alerts flag their ranks
+    for (const [tag, chart] of state.charts) if (chart.data.size) draw(tag);
+  });
+  await Promise.all([side, ...[...state.charts.keys()].map((tag) => fetchChart(tag))]);
   // A long run is listed from the start and end of its files; once the server has loaded
   // it (the fetches above), the listing has every tag, so ask for it once more.
   const inexact = selectedRuns().filter((r) => !r.exact && !relisted.has(r.name));
@@ -474,6 +619,7 @@ function connect() {
     if (!state.selected.has(run)) return;
     await loadSide(run);
     renderSide();
+    renderRuns();  // a rank_stopped alert flags its rank in the list
     for (const tag of state.charts.keys()) draw(tag);
   });
 }
