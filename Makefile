@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export GLOG_v ?= 3
 
-.PHONY: demo test lint bench venv clean-venv
+.PHONY: demo test lint bench venv clean-venv sysdeps
 
 venv: $(STAMP)
 
@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/msmon demo
 
-test: $(STAMP)
+sysdeps:
+	bash .ci/sysdeps
+
+test: $(STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from msmon_nb.events.runs import MARKER
+from msmon_nb.events.runs import MARKER, read_marker_file
 
 CONFIG_BACKUP = "config_backup"
 
@@ -104,10 +104,7 @@ def write_marker(run_dir: Path, data: dict[str, Any]) -> None:
 
 def read_marker(run_dir: Path) -> dict[str, Any] | None:
     """The marker of ``run_dir``, or None."""
-    try:
-        return json.loads((run_dir / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_marker_file(run_dir / MARKER)
 
 
 def backup_config(run_dir: Path, config: dict[str, Any], source: str | None) -> Path:

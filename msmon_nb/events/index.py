@@ -16,9 +16,7 @@ parts read.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -30,10 +28,15 @@ from msmon_nb.events.bulk import BulkScalarDecoder
 from msmon_nb.events.crc import masked_crc32c
 from msmon_nb.events.framing import HEADER, HEADER_SIZE, OVERHEAD
 from msmon_nb.events.reader import EventDecoder, RecordReader
-from msmon_nb.events.runs import MARKER, RECENT_SECS, find_run_dirs, is_summary_file
+from msmon_nb.events.runs import (
+    _RANK_DIR_RE,
+    MARKER,
+    RECENT_SECS,
+    find_run_dirs,
+    read_marker_file,
+    run_files,
+)
 
-_RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
-_SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
 _MAX_RECORD = 1 << 30  # a longer "length" is noise met while searching for a record start
 
 
@@ -65,34 +68,6 @@ class _FileScan:
     scanned_to: int  # records up to this offset were read (after any skipped middle)
     complete: bool  # no part of the file was skipped
     damaged: bool
-
-
-def _rank_of(name: str) -> int:
-    match = _SUMMARY_RE.search(name)
-    return int(match.group(2)) if match and match.group(2) is not None else 0
-
-
-def run_files(path: Path) -> list[tuple[Path, int]]:
-    """Summary files of the run dir ``path`` (its ``rank_<k>/`` dirs included) with ranks."""
-    found: list[tuple[Path, int]] = []
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return found
-    for entry in entries:
-        if entry.is_file() and is_summary_file(entry.name):
-            found.append((Path(entry.path), _rank_of(entry.name)))
-        elif entry.is_dir(follow_symlinks=False) and (m := _RANK_DIR_RE.match(entry.name)):
-            try:
-                subs = list(os.scandir(entry.path))
-            except OSError:
-                continue
-            found += [
-                (Path(s.path), int(m.group(1)))
-                for s in subs
-                if s.is_file() and is_summary_file(s.name)
-            ]
-    return sorted(found)
 
 
 def find_record_start(buf: bytes) -> int | None:
@@ -221,11 +196,7 @@ def _pid_alive(pid: int) -> bool:
 
 def read_marker(run_dir: Path) -> dict | None:
     """The run's ``msmon_run.json``, or None when missing or unreadable."""
-    try:
-        data = json.loads((run_dir / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_marker_file(run_dir / MARKER)
 
 
 def marker_alive(marker: dict | None) -> bool:

@@ -225,13 +225,10 @@ class Run:
     # --- loading ----------------------------------------------------------------------
 
     def _read_marker(self) -> None:
-        try:
-            self.marker = json.loads((self.path / MARKER).read_text())
-        except (OSError, ValueError):
-            self.marker = None
+        self.marker = read_marker_file(self.path / MARKER)
 
     def _discover(self) -> None:
-        for path, rank in _run_files(self.path):
+        for path, rank in run_files(self.path):
             if path not in self._files:
                 self._files[path] = _FileState(RecordReader(path), rank)
 
@@ -401,11 +398,8 @@ class Run:
         out = {}
         for path in sorted(self.path.glob(f"rank_*/{MARKER}")):
             match = _RANK_DIR_RE.match(path.parent.name)
-            try:
-                marker = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if match and isinstance(marker, dict):
+            marker = read_marker_file(path)
+            if match and marker is not None:
                 out[int(match.group(1))] = marker
         return out
 
@@ -500,23 +494,27 @@ class Run:
         }
 
 
-def _read_jsonl_files(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``; a torn last line is skipped."""
-    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file; a torn last line (still being written) is skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
     out: list[dict[str, Any]] = []
-    for path in paths:
+    for line in text.splitlines():
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
+            item = json.loads(line)
+        except ValueError:
             continue
-        for line in text.splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue  # a line still being written
-            if isinstance(item, dict):
-                out.append(item)
+        if isinstance(item, dict):
+            out.append(item)
     return out
+
+
+def _read_jsonl_files(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``."""
+    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
+    return [item for path in paths for item in read_jsonl(path)]
 
 
 def _recent(files: list[Path], secs: float) -> bool:
@@ -551,13 +549,13 @@ def _unknown(tag: str, known: Iterable[str], run: str, kind: str = "scalar") -> 
     return f"run {run!r} has no {kind} tag {tag!r}; it has: {', '.join(names) or 'none'}"
 
 
-def _run_files(path: Path) -> list[tuple[Path, int]]:
-    """Summary files of the run at ``path`` with their rank."""
+def run_files(path: Path) -> list[tuple[Path, int]]:
+    """Summary files of the run at ``path`` (its ``rank_<k>/`` dirs included) with ranks."""
     found: list[tuple[Path, int]] = []
     try:
         entries = list(os.scandir(path))
     except OSError:
-        return found
+        return sorted(found)
     for entry in entries:
         if entry.is_file() and is_summary_file(entry.name):
             found.append((Path(entry.path), _file_rank(Path(entry.path))))
@@ -575,10 +573,25 @@ def _run_files(path: Path) -> list[tuple[Path, int]]:
 def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` holds a marker, summary files, or rank_<k> dirs with them."""
     p = Path(path)
-    if (p / MARKER).is_file() or _run_files(p):
+    if (p / MARKER).is_file() or run_files(p):
         return True
-    # a distributed job whose ranks have written their markers but no records yet
-    return any((d / MARKER).is_file() for d in p.glob("rank_*") if _RANK_DIR_RE.match(d.name))
+    # a distributed job whose ranks have written their markers but no records yet (a dir
+    # merely named rank_<k> holding a one-process run stays a run of its own)
+    for sub in p.glob("rank_*"):
+        if _RANK_DIR_RE.match(sub.name):
+            marker = read_marker_file(sub / MARKER)
+            if marker is not None and int(marker.get("ranks", 0) or 0) > 1:
+                return True
+    return False
+
+
+def read_marker_file(path: Path) -> dict[str, Any] | None:
+    """A marker's content, or None when missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:

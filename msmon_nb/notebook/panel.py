@@ -204,13 +204,17 @@ class Panel:
         self._next_draw = self.clock() + max(self.refresh, cost / self.budget)
 
     def _expected_step(self) -> float | None:
-        """The step the run should reach after as long again as it has run (>= 10 s more)."""
+        """The step the run should reach after as long again as it has run (>= 30 s more).
+
+        Sizing the x axis for that long keeps full re-layouts (the costly redraws) to
+        about one per doubling of the run's age.
+        """
         monitor = self.monitor
         elapsed = self.clock() - self._started
         if monitor is None or monitor.last_step is None or elapsed <= 0:
             return None
         rate = monitor.step_count / elapsed
-        return monitor.last_step + rate * max(elapsed, 10.0)
+        return monitor.last_step + rate * max(elapsed, 30.0)
 
     def show_series(
         self,

@@ -135,11 +135,11 @@ def sticky_xlim(
 def sticky_ylim(
     current: tuple[float, float] | None, lo: float, hi: float, log: bool
 ) -> tuple[float, float]:
-    """y limits kept while the data stay inside and fill at least 40 % of them."""
+    """y limits kept while the data stay inside and fill at least a quarter of them."""
     f = np.log10 if log else (lambda v: v)
     if current is not None and current[0] <= lo and hi <= current[1]:
         span = f(current[1]) - f(current[0])
-        if span > 0 and (f(hi) - f(lo)) >= 0.4 * span:
+        if span > 0 and (f(hi) - f(lo)) >= 0.25 * span:
             return current
     if log:
         return (lo / 1.5, hi * 1.5) if hi > lo else (lo / 2, hi * 2)

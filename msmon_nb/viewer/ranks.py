@@ -17,7 +17,6 @@ of their steps, so merging never holds all ranks' points side by side.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -29,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from msmon_nb.events.index import base_status
-from msmon_nb.events.runs import ALERTS, MARKER, SNAPSHOTS, Run, is_summary_file
+from msmon_nb.events.runs import ALERTS, MARKER, SNAPSHOTS, Run, is_summary_file, read_jsonl
 
 _RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 
@@ -114,22 +113,6 @@ def _stat_key(path: Path) -> tuple | None:
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line still being written
-        if isinstance(item, dict):
-            out.append(item)
-    return out
 
 
 def _interned(pool: list[np.ndarray], steps: np.ndarray) -> np.ndarray:
@@ -297,7 +280,7 @@ class RankedRun:
         """Every rank's own alerts (``alerts.jsonl``), each with its ``rank``."""
         out = []
         for rank, path in rank_dirs(self.path).items():
-            for alert in _read_jsonl(path / ALERTS):
+            for alert in read_jsonl(path / ALERTS):
                 alert.setdefault("rank", rank)
                 out.append(alert)
         return out

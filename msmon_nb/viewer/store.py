@@ -19,7 +19,9 @@ outside the lock.
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,34 @@ from msmon_nb.viewer.crossrank import CrossRankAlerts
 from msmon_nb.viewer.ranks import Merged, RankedRun, RankView, is_ranked, merge_ranks
 
 CROSS_RANK_WAIT = 1.0  # s an /api/alerts request waits for cross-rank rules in progress
+
+
+PROGRESS_BYTES = 64 * 2**20  # cold loads larger than this report progress on the console
+
+
+def load_progress(name: str, stream: Any = None, every: float = 1.0):
+    """A ``Run.refresh`` progress callback printing ``loading NAME: 45% of 900 MB``.
+
+    Quiet for small runs; at most one line a second, and one when done.
+    """
+    out = stream if stream is not None else sys.stderr
+    state = {"last": 0.0, "started": time.monotonic()}
+
+    def report(done: int, total: int) -> None:
+        if total < PROGRESS_BYTES:
+            return
+        now = time.monotonic()
+        if done < total and now - state["last"] < every:
+            return
+        state["last"] = now
+        print(
+            f"msmon view: loading {name}: {100 * done // total}% of {total / 2**20:.0f} MB "
+            f"({now - state['started']:.1f} s)",
+            file=out,
+            flush=True,
+        )
+
+    return report
 
 
 class UnknownRun(KeyError):
@@ -145,7 +175,10 @@ class RunStore:
         if not entry.loaded:
             with entry.lock:
                 if not entry.loaded:
-                    entry.run.refresh()
+                    if isinstance(entry.run, Run):
+                        entry.run.refresh(progress=load_progress(name))
+                    else:
+                        entry.run.refresh()
                     entry.loaded = True
                     entry.version += 1
                     with self._lock:

@@ -99,5 +99,5 @@ def test_job_with_only_rank_markers_is_one_run(tmp_path):
     for rank in (0, 1):
         rank_dir = tmp_path / "job" / f"rank_{rank}"
         rank_dir.mkdir(parents=True)
-        (rank_dir / "msmon_run.json").write_text(json.dumps({"rank": rank}))
+        (rank_dir / "msmon_run.json").write_text(json.dumps({"rank": rank, "ranks": 2}))
     assert find_run_dirs(tmp_path) == [tmp_path / "job"]

@@ -102,3 +102,20 @@ def test_missing_base_lists_nothing(tmp_path):
     assert RunIndex(tmp_path / "nope").scan() == []
     (tmp_path / "empty").mkdir()
     assert RunIndex(tmp_path / "empty").scan() == []
+
+
+def test_cold_load_reports_progress_for_big_runs():
+    import io
+
+    from msmon_nb.viewer.store import PROGRESS_BYTES, load_progress
+
+    out = io.StringIO()
+    report = load_progress("big", stream=out, every=0.0)
+    report(10, 1000)  # small runs stay quiet
+    assert out.getvalue() == ""
+    total = 2 * PROGRESS_BYTES
+    for done in (total // 4, total // 2, total):
+        report(done, total)
+    lines = out.getvalue().splitlines()
+    assert [line.split(": ")[2].split("%")[0] for line in lines] == ["25", "50", "100"]
+    assert all(line.startswith("msmon view: loading big:") for line in lines)
