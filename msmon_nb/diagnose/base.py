@@ -30,6 +30,39 @@ class Finding(NamedTuple):
     message: str
 
 
+class Streak:
+    """An episode of a condition: ``patience`` hits in a row start it (reported once),
+    ``QUIET`` misses in a row end it. ``since`` is the first hit of the run of hits."""
+
+    __slots__ = ("_calm", "active", "count", "patience", "since")
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.count = 0
+        self.since = 0
+        self._calm = 0
+        self.active = False
+
+    def miss(self) -> None:
+        """The condition does not hold at this step."""
+        self.count = 0
+        if self.active:
+            self._calm += 1
+            if self._calm >= QUIET:
+                self.active = False
+
+    def hit(self, step: int) -> bool:
+        """The condition holds at ``step``; True when this confirms a new episode."""
+        self._calm = 0
+        if self.count == 0:
+            self.since = step
+        self.count += 1
+        if self.active or self.count < self.patience:
+            return False
+        self.active = True
+        return True
+
+
 class SeriesRule(Protocol):
     """The interface of the rules bound to one tag."""
 

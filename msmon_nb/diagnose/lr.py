@@ -9,7 +9,7 @@ never advances: an lr stuck at a tiny first value (e.g. peak / warmup_steps).
 from __future__ import annotations
 
 from msmon_nb.diagnose.alert import fmt
-from msmon_nb.diagnose.base import QUIET, Finding, short
+from msmon_nb.diagnose.base import Finding, Streak, short
 
 
 class LrZero:
@@ -19,40 +19,33 @@ class LrZero:
     ``patience`` (default 3) lets that pass. ``since_step`` is the first zero (exact).
     """
 
-    __slots__ = ("_calm", "_count", "_since", "active", "name", "patience")
+    __slots__ = ("_streak", "name")
 
     def __init__(self, *, tag: str, patience: int) -> None:
         self.name = short(tag)
-        self.patience = patience
-        self._count = 0
-        self._since = 0
-        self._calm = 0
-        self.active = False
+        self._streak = Streak(patience)
+
+    @property
+    def active(self) -> bool:
+        """True while the episode lasts."""
+        return self._streak.active
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed the learning rate at ``step``."""
+        streak = self._streak
         if value > 0.0:
-            self._count = 0
-            if self.active:
-                self._calm += 1
-                if self._calm >= QUIET:
-                    self.active = False
+            streak.miss()
             return None
-        self._calm = 0
-        if self._count == 0:
-            self._since = step
-        self._count += 1
-        if self.active or self._count < self.patience:
+        if not streak.hit(step):
             return None
-        self.active = True
         what = "0" if value == 0 else f"negative ({fmt(value)}: this ascends the loss)"
         message = (
-            f"{self.name} is {what} since step {self._since} ({self._count} collected steps): "
+            f"{self.name} is {what} since step {streak.since} ({streak.count} collected steps): "
             "parameters are not updated; check the schedule (a warmup starting at 0 that "
             "never advances, a decay ending at 0 or min_lr=0 before training ends) and the "
             "learning_rate passed to the optimizer"
         )
-        return Finding(self._since, value, message)
+        return Finding(streak.since, value, message)
 
 
 class LrWarmup:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from msmon_nb.diagnose.alert import fmt
-from msmon_nb.diagnose.base import QUIET, Finding, short
+from msmon_nb.diagnose.base import QUIET, Finding, Streak, short
 
 _NAN_HINTS = {
     "loss": (
@@ -31,36 +31,29 @@ class NonFinite:
     steps in a row.
     """
 
-    __slots__ = ("_calm", "_count", "_last", "_last_step", "_since", "active", "name", "patience")
+    __slots__ = ("_last", "_last_step", "_streak", "name")
 
     def __init__(self, *, tag: str, patience: int) -> None:
         self.name = short(tag)
-        self.patience = patience
-        self._count = 0
-        self._since = 0
+        self._streak = Streak(patience)
         self._last: float | None = None
         self._last_step = 0
-        self._calm = 0
-        self.active = False
+
+    @property
+    def active(self) -> bool:
+        """True while the episode lasts."""
+        return self._streak.active
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed any value (finite or not) of the series at ``step``."""
+        streak = self._streak
         if value - value == 0.0:  # finite: NaN - NaN and Inf - Inf are NaN
             self._last = value
             self._last_step = step
-            self._count = 0
-            if self.active:
-                self._calm += 1
-                if self._calm >= QUIET:
-                    self.active = False
+            streak.miss()
             return None
-        self._calm = 0
-        if self._count == 0:
-            self._since = step
-        self._count += 1
-        if self.active or self._count < self.patience:
+        if not streak.hit(step):
             return None
-        self.active = True
         word = "NaN" if value != value else ("Inf" if value > 0 else "-Inf")
         before = (
             f"last finite {fmt(self._last)} at step {self._last_step}"
@@ -69,10 +62,10 @@ class NonFinite:
         )
         hint = _NAN_HINTS.get(self.name, "find the first operation that produces it")
         message = (
-            f"{self.name} is {word} since step {self._since} (first non-finite value; {before}); "
+            f"{self.name} is {word} since step {streak.since} (first non-finite value; {before}); "
             f"{hint}"
         )
-        return Finding(self._since, value, message)
+        return Finding(streak.since, value, message)
 
 
 class StepOrder:

@@ -32,6 +32,7 @@ from msmon_nb.events.runs import (
     _RANK_DIR_RE,
     MARKER,
     RECENT_SECS,
+    _pid_alive,
     find_run_dirs,
     read_marker_file,
     run_files,
@@ -182,16 +183,6 @@ class _Scanner:
                 last = (i, record.step, record.wall_time)
         if last[1] is not None:
             scan.last_step, scan.last_wall = last[1], last[2]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_marker(run_dir: Path) -> dict | None:
