@@ -192,7 +192,13 @@ class MonitorConfig:
         return out
 
     def tracks(self, metric: str) -> bool:
-        """True when ``metric`` is collected."""
+        """True when ``metric`` is collected.
+
+        ``step_time`` comes with ``throughput``: throughput is samples over step time,
+        so a config listing only the DESIGN core metrics still records where time goes.
+        """
+        if metric == "step_time" and "throughput" in self.track_metrics:
+            return True
         return metric in self.track_metrics
 
     # --- validation ---------------------------------------------------------------------

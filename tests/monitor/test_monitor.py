@@ -286,3 +286,18 @@ def test_read_only_save_dir_training_completes_with_one_warning(tmp_path):
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_throughput_brings_step_time(tmp_path):
+    """The DESIGN core list has no step_time; throughput implies it (it is its divisor)."""
+    cfg = MonitorConfig(save_dir=str(tmp_path), track_metrics=["loss", "grad_norm", "throughput"])
+    with Monitor(cfg) as mon:
+        for _ in range(3):
+            mon.step(loss=1.0, grad_norm=2.0, batch_size=4)
+    run = load_run(mon.run_dir)
+    step_time = run.scalars("train/step_time").values
+    throughput = run.scalars("train/throughput").values
+    assert len(step_time) == 3
+    np.testing.assert_allclose(throughput, 4 / step_time, rtol=1e-4)
+    lean = MonitorConfig(save_dir=str(tmp_path), track_metrics=["loss"])
+    assert not lean.tracks("step_time")
