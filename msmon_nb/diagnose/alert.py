@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SEVERITIES = ("warning", "critical")
+_ALIASES = {"onset": "since_step", "onset_step": "since_step", "rule": "kind"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,33 @@ class Alert:
     tag: str = ""
     value: float | None = None
     rank: int | None = None
+
+    # Aliases: users reach for "onset" and "rule" as often as for our field names, and
+    # alerts read back from disk are dicts; both spellings and both access styles work.
+    @property
+    def onset(self) -> int:
+        """The step the anomaly began (``since_step``)."""
+        return self.since_step
+
+    onset_step = onset
+
+    @property
+    def rule(self) -> str:
+        """The rule that raised it (``kind``)."""
+        return self.kind
+
+    def __getitem__(self, key: str) -> Any:
+        """``alert["kind"]``, as for the dicts in ``run.alerts``."""
+        if key in _ALIASES:
+            key = _ALIASES[key]
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``dict.get`` over ``to_dict()`` and the aliases."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data; a NaN or Inf ``value`` becomes the string 'nan'/'inf'/'-inf'.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -207,6 +207,34 @@ class _RankData:
             self.last_step = step
 
 
+class AlertRecord(dict):
+    """An alert read back from ``alerts.jsonl``: a dict whose keys are also attributes."""
+
+    _ALIASES: ClassVar[dict[str, str]] = {
+        "onset": "since_step",
+        "onset_step": "since_step",
+        "rule": "kind",
+    }
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[self._ALIASES.get(name, name)]
+        except KeyError:
+            raise AttributeError(f"alert has no field {name!r}; fields: {sorted(self)}") from None
+
+
+class TagList(list):
+    """A run's scalar tags that can also be called as ``tags(kind, rank)``."""
+
+    def __init__(self, tags: list[str], lookup: Callable[[str, int | None], list[str]]) -> None:
+        super().__init__(tags)
+        self._lookup = lookup
+
+    def __call__(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
+        """Tags of one kind (scalar, histogram, tensor, image), of one rank if given."""
+        return self._lookup(kind, rank)
+
+
 class Run:
     """A run directory. Data loads on first use; ``refresh()`` reads what was appended."""
 
@@ -294,12 +322,25 @@ class Run:
             raise KeyError(f"run {self.name!r} has no rank {rank}; ranks: {sorted(self._ranks)}")
         return data
 
-    def tags(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
-        """Tags of one kind: scalar, histogram, tensor, image."""
+    @property
+    def tags(self) -> TagList:
+        """Scalar tags, sorted; call it for another kind or rank: ``run.tags("histogram")``.
+
+        Both spellings work (``"train/loss" in run.tags`` and ``run.tags()``) because
+        ``/api/runs`` and ``msmon runs --json`` present tags as a field.
+        """
+        return TagList(self._tags("scalar", None), self._tags)
+
+    def _tags(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
         data = self._rank(rank)
         if kind == "scalar":
             return sorted(data.scalars)
         return sorted(data.other.get(kind, {}))
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory (same as ``path``; the name ``Monitor.run_dir`` uses)."""
+        return self.path
 
     def scalars(self, tag: str, rank: int | None = None, raw: bool = False) -> ScalarSeries:
         """``(steps, values, wall_times)`` of ``tag``, sorted by step (see the purge rule)."""
@@ -441,9 +482,10 @@ class Run:
         """Alerts raised while the run trained, oldest first (``alerts.jsonl`` of every rank).
 
         Each: ``step``, ``since_step`` (onset), ``kind``, ``severity``, ``message``, ``tag``,
-        ``value``, ``rank``, ``wall_time``.
+        ``value``, ``rank``, ``wall_time``; readable as ``alert["kind"]`` or ``alert.kind``
+        like the live ``Monitor.alerts`` (``onset`` is an alias of ``since_step``).
         """
-        return _read_jsonl_files(self.path, ALERTS)
+        return [AlertRecord(item) for item in _read_jsonl_files(self.path, ALERTS)]
 
     @property
     def snapshots(self) -> list[dict[str, Any]]:

@@ -148,6 +148,11 @@ def test_flight_recorder_holds_the_steps_before_the_alert(tmp_path):
     run = load_run(mon.run_dir)
     kinds = [a["kind"] for a in run.alerts]
     assert "nonfinite" in kinds
+    # live and on-disk alerts read alike: keys, attributes, the onset alias
+    (live,) = [a for a in mon.alerts if a.kind == "nonfinite"]
+    (disk,) = [a for a in run.alerts if a.kind == "nonfinite"]
+    assert live.since_step == live.onset == live["since_step"] == disk.onset == 9
+    assert disk.rule == live.rule == "nonfinite" and live["message"] == disk.message
     history = [s for s in run.snapshots if s["reason"].endswith(":history")]
     steps = sorted({s["step"] for s in history})
     assert steps == [5, 6, 7, 8, 9]  # the K = 5 collected steps up to the alert

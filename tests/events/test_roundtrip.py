@@ -43,6 +43,9 @@ def test_every_kind_round_trips(tmp_path):
         writer.add_image("img", img, step=1)
     run = load_run(tmp_path)
     assert run.tags() == ["a"]
+    assert run.tags == ["a"] and "a" in run.tags  # a field too, as /api/runs shows it
+    assert run.tags("histogram") == ["w"] and run.tags("tensor") == ["t"]
+    assert run.tags("image") == ["img"] and run.run_dir == run.path == tmp_path
     (hist,) = run.histograms("w")
     assert hist.step == 1
     assert hist.value.count == weights.size
