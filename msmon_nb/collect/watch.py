@@ -11,7 +11,7 @@ While active it observes, for objects created before or after it began:
   ends when the optimizer returns; the learning rate is read just before the update;
 * ``nn.DistributedGradReducer.__call__`` -- in data parallel, the all-reduced gradients:
   grad_norm is then the same on every rank;
-* ``mindspore.common.api._JitExecutor.__call__`` -- a step compiled with ``mindspore.jit``
+* ``mindspore.graph.api._JitExecutor.__call__`` -- a step compiled with ``mindspore.jit``
   hides its insides; its returned loss is recorded, and ``grad_norm`` when it returns
   ``(loss, mm.global_norm(grads), ...)``;
 * ``mindspore.train.Model.train`` (when ``use_callback`` is on) -- the monitor's callback
@@ -36,6 +36,18 @@ if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
 
 _ACTIVE: list[Watch] = []
+
+
+def _jit_api() -> Any:
+    """The module holding ``_JitExecutor``: ``mindspore.graph.api`` since 2.9, where the
+    old ``mindspore.common.api`` path still works but logs a deprecation warning."""
+    import importlib.util
+
+    if importlib.util.find_spec("mindspore.graph.api") is not None:
+        import mindspore.graph.api as api
+    else:  # MindSpore < 2.9
+        import mindspore.common.api as api
+    return api
 
 
 class WatchError(RuntimeError):
@@ -74,7 +86,6 @@ class Watch:
                 "another monitor is already watching this process; end it first "
                 "(one watch() at a time, e.g. one %%msmonitor cell)"
             )
-        import mindspore.common.api as api
         import mindspore.ops.composite.base as base
         from mindspore import nn
 
@@ -83,6 +94,7 @@ class Watch:
         orig_forward = base._pynative_forward_run
         orig_backward = base._pynative_func_grad_backward
         cell_call = nn.Cell.__call__
+        api = _jit_api()
         jit_call = api._JitExecutor.__call__
         from mindspore.train import Model
 
