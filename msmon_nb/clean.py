@@ -14,7 +14,7 @@ cleaner deletes a directory only when all of these hold:
   files open (``/proc/*/fd``), or, for runs without a marker, a write in the last minute
   (``--force`` overrides this one rule only);
 * it matches the user's filter: last written before ``--older-than`` and not among the
-  ``--keep`` newest.
+  ``--keep`` newest (no filter: every run, after the question or ``--yes``).
 
 ``shutil.rmtree`` removes with file descriptors relative to the opened directory on Linux,
 so a directory swapped for a symlink after the checks is not followed either.
@@ -209,12 +209,6 @@ def main(args: argparse.Namespace, now: float | None = None) -> int:
     except ValueError as exc:
         print(f"msmon clean: {exc}", file=sys.stderr)
         return 2
-    if older_than is None and args.keep is None:
-        print(
-            "msmon clean: say which runs may go: --older-than 3d, --keep 10, or both",
-            file=sys.stderr,
-        )
-        return 2
     if args.keep is not None and args.keep < 0:
         print(f"msmon clean: --keep {args.keep}: give 0 or more, e.g. --keep 5", file=sys.stderr)
         return 2
@@ -222,6 +216,10 @@ def main(args: argparse.Namespace, now: float | None = None) -> int:
         print(f"msmon clean: {base} does not exist; nothing to clean")
         return 0
     runs = find(base, now)
+    if older_than is None and args.keep is None:
+        # no filter: every run may go (what `rm -rf ./summary` meant, minus the damage);
+        # live runs and unknown files are still kept, and the question below still comes
+        print(f"no --older-than/--keep given: every run under {base} is a candidate")
     remove, refused = plan(runs, older_than, args.keep, args.force, now)
     for run, why in refused:
         print(f"kept {run.name}: {why}")

@@ -188,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 = any free)")
     p.set_defaults(func=cmd_view)
 
-    p = sub.add_parser("clean", help="delete old runs under a summary base dir, safely")
+    p = sub.add_parser(
+        "clean",
+        help="delete old runs under a summary base dir, safely",
+        description="Delete run dirs under BASE (every run unless --older-than/--keep say "
+        "which): only dirs proven to be runs, never BASE, never a live run.",
+    )
     p.add_argument("base", help="summary base dir, e.g. ./summary")
     p.add_argument(
         "--older-than", metavar="AGE", help="only runs last written before AGE ago: 3d, 12h, 30m"

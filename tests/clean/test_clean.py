@@ -97,6 +97,20 @@ def test_old_runs_removed_everything_else_kept(tree):
     assert base.is_dir()
 
 
+def test_no_filter_means_every_run_but_the_safety_rules_hold(tree):
+    """`msmon clean BASE` replaces `rm -rf BASE`: every run goes, nothing else does."""
+    base, _, outside = tree
+    proc = msmon_clean(base, stdin="n\n")  # asks first; "n" deletes nothing
+    assert proc.returncode == 1 and "every run under" in proc.stdout
+    assert (base / "old").exists()
+    proc = msmon_clean(base, "--yes")
+    assert proc.returncode == 0, proc.stderr
+    remaining = sorted(p.relative_to(base).as_posix() for p in base.iterdir())
+    # `new` has no marker and was written seconds ago: it may still be written to
+    assert remaining == ["alive", "link_to_outside", "mixed", "nested", "new", "notes"]
+    assert any(outside.iterdir()) and base.is_dir()
+
+
 def test_force_removes_a_live_run_but_never_unknown_files(tree):
     base, _, _ = tree
     proc = msmon_clean(base, "--older-than", "3d", "--yes", "--force")
@@ -202,8 +216,6 @@ def test_recent_run_without_marker_counts_as_live(tmp_path):
 
 
 def test_arguments_checked(tmp_path):
-    proc = msmon_clean(tmp_path)
-    assert proc.returncode == 2 and "--older-than 3d" in proc.stderr
     proc = msmon_clean(tmp_path, "--older-than", "3 days")
     assert proc.returncode == 2 and "e.g. 3d" in proc.stderr
     proc = msmon_clean(tmp_path / "missing", "--keep", "3")
