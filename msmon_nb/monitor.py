@@ -124,6 +124,7 @@ class Monitor:
         self._attach_reported = False
         self.enabled = cfg.enable_monitor
         self._actions: Any = None
+        self._rankwatch: Any = None
         if self.enabled:
             try:
                 self._open()
@@ -178,6 +179,10 @@ class Monitor:
         }
         write_marker(self.write_dir, self._marker)
         self._sinks = make_sinks(cfg.sink_types, self.write_dir, rank=ranks.rank, config=cfg)
+        if ranks.distributed and ranks.rank == 0:
+            from msmon_nb.rankwatch import RankWatcher
+
+            self._rankwatch = RankWatcher(self).start()
         self.status = "running"
         self._t_mark = time.perf_counter()
         _OPEN.append(self)
@@ -193,6 +198,8 @@ class Monitor:
         if self in _OPEN:
             _OPEN.remove(self)
         self._sinks.close()
+        if self._rankwatch is not None:  # after our own records reached the disk
+            self._rankwatch.close()
         if self.run_dir is None:
             return
         self._marker.update(

@@ -33,7 +33,7 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "grad_norm_mismatch": {"rtol": 1e-4, "patience": 2},
     "loss_spread": {"factor": 3.0, "floor": 0.1, "window": 20},
     "straggler": {"margin": 0.5, "min_secs": 0.005, "patience": 3},
-    "rank_stopped": {"lag": 5},
+    "rank_stopped": {"lag": 5, "stale_secs": 10.0},
 }
 SEVERITY = {
     "grad_norm_mismatch": "critical",
@@ -167,18 +167,32 @@ def straggler(
 
 
 def rank_stopped(
-    last_steps: Mapping[int, int | None], status: Mapping[int, str], lag: int
+    last_steps: Mapping[int, int | None],
+    status: Mapping[int, str],
+    lag: int,
+    last_writes: Mapping[int, float | None] | None = None,
+    stale_secs: float = 10.0,
 ) -> list[Alert]:
-    """See the module docstring; ``status`` from the ranks' markers (interrupted = gone)."""
+    """See the module docstring; ``status`` from the ranks' markers (interrupted = gone).
+
+    Ranks flush on their own deadlines, so while a job runs one rank's file can trail
+    another's by a second of steps; with ``last_writes`` (rank -> wall time of its newest
+    record) a rank counts as behind only when its newest record is also ``stale_secs``
+    older than the furthest rank's.
+    """
     known = {r: s for r, s in last_steps.items() if s is not None}
     if len(known) < 2:
         return []
     furthest = max(known.values())
+    walls = {r: w for r, w in (last_writes or {}).items() if w is not None}
+    newest_wall = max(walls.values()) if walls else None
     alive = [r for r, s in status.items() if s == "running"]
     out = []
     for rank, last in sorted(known.items()):
         gone = status.get(rank) == "interrupted"
         behind = furthest - last >= lag
+        if behind and newest_wall is not None and rank in walls:
+            behind = newest_wall - walls[rank] >= stale_secs
         others_on = bool([r for r in alive if r != rank]) or furthest > last
         if (gone or behind) and others_on:
             why = "its process is gone" if gone else f"{furthest - last} steps behind"
@@ -220,5 +234,23 @@ def rank_alerts(run: Any, settings: Mapping[str, Mapping[str, float]] | None = N
     alerts += loss_spread(per_rank("train/loss"), **conf["loss_spread"])
     own_tag = "train/data_time" if per_rank("train/data_time") else "train/step_time"
     alerts += straggler(per_rank(own_tag), tag=own_tag, **conf["straggler"])
-    alerts += rank_stopped(run.rank_last_step(), run.rank_status(), **conf["rank_stopped"])
+    last_write = getattr(run, "rank_last_write", None)
+    alerts += rank_stopped(
+        run.rank_last_step(),
+        run.rank_status(),
+        last_writes=last_write() if last_write is not None else None,
+        **conf["rank_stopped"],
+    )
     return sorted(alerts, key=lambda a: (a.since_step, a.kind))
+
+
+def with_cross_rank(own: list[dict[str, Any]], computed: list[dict[str, Any]]) -> list[dict]:
+    """A run's recorded alerts plus freshly computed cross-rank ones, each problem once.
+
+    Rank 0 records the cross-rank alerts it found while training (``cross_rank: true`` in
+    its alerts.jsonl); a reader that recomputes them over the finished files keeps its
+    own result for a (kind, rank) and drops the recorded copy.
+    """
+    fresh = {(a.get("kind"), a.get("rank")) for a in computed}
+    kept = [a for a in own if not (a.get("cross_rank") and (a.get("kind"), a.get("rank")) in fresh)]
+    return kept + list(computed)

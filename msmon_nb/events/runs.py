@@ -459,6 +459,11 @@ class Run:
         self._load()
         return {rank: data.last_step for rank, data in sorted(self._ranks.items())}
 
+    def rank_last_write(self) -> dict[int, float | None]:
+        """rank -> the wall time of its most recent record."""
+        self._load()
+        return {rank: data.last_wall for rank, data in sorted(self._ranks.items())}
+
     def merged(self, tag: str) -> MergedSeries:
         """Mean, min and max of ``tag`` across ranks at each step any rank recorded."""
         self._load()

@@ -77,7 +77,7 @@ def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
     ranks = run.ranks
     if len(ranks) < 2:
         return {tag: run.scalars(tag) for tag in run.tags()}, run.alerts
-    from msmon_nb.diagnose.ranks import rank_alerts
+    from msmon_nb.diagnose.ranks import rank_alerts, with_cross_rank
     from msmon_nb.notebook.render import MAX_RANK_LINES
 
     series: dict[str, Any] = {}
@@ -88,7 +88,7 @@ def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
         merged = run.merged(tag)
         series[f"{tag}@min"] = _Column(merged.steps, merged.min)
         series[f"{tag}@max"] = _Column(merged.steps, merged.max)
-    alerts = [*run.alerts, *(a.to_dict() for a in rank_alerts(run))]
+    alerts = with_cross_rank(run.alerts, [a.to_dict() for a in rank_alerts(run)])
     return series, alerts
 
 

@@ -261,6 +261,9 @@ class RankedRun:
     def rank_last_step(self) -> dict[int, int | None]:
         return {rank: s.last_step for rank, s in sorted(self._ranks.items())}
 
+    def rank_last_write(self) -> dict[int, float | None]:
+        return {rank: s.last_write for rank, s in sorted(self._ranks.items())}
+
     def rank_status(self) -> dict[int, str]:
         return {rank: s.status for rank, s in sorted(self._ranks.items())}
 
@@ -307,6 +310,7 @@ class RankView:
                 tags = []
             self._series[rank] = {tag: run.scalars(tag, rank=rank) for tag in tags}
         self._last_step = dict(run.rank_last_step())
+        self._last_write = dict(run.rank_last_write())
         self._status = dict(run.rank_status())
 
     def tags(self, rank: int | None = None) -> list[str]:
@@ -317,6 +321,9 @@ class RankView:
 
     def rank_last_step(self) -> Mapping[int, int | None]:
         return self._last_step
+
+    def rank_last_write(self) -> Mapping[int, float | None]:
+        return self._last_write
 
     def rank_status(self) -> Mapping[int, str]:
         return self._status

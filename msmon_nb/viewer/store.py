@@ -234,7 +234,9 @@ class RunStore:
             return own
         self.run(name)  # loading queues the cross-rank rules
         self.cross_rank.wait(name, CROSS_RANK_WAIT)
-        return sorted(own + self.cross_rank.get(name), key=_step_key)
+        from msmon_nb.diagnose.ranks import with_cross_rank
+
+        return sorted(with_cross_rank(own, self.cross_rank.get(name)), key=_step_key)
 
     def snapshots(self, name: str) -> list[dict[str, Any]]:
         """The run's tensor snapshots with their stats and histograms."""

@@ -59,3 +59,17 @@ def test_rank_stopped_only_while_others_go_on():
     (alert,) = rank_stopped({0: 80, 1: 39}, {0: "running", 1: "interrupted"}, lag=5)
     assert (alert.rank, alert.since_step) == (1, 40)
     assert rank_stopped({0: 80, 1: 80}, {0: "finished", 1: "finished"}, lag=5) == []
+
+
+def test_rank_behind_only_by_an_unflushed_second_is_not_stopped():
+    """Ranks flush on their own deadlines: a file 20 steps behind but written 0.5 s ago is
+    a buffer, not a hang; the same lag with nothing new for 30 s is a hang."""
+    running = {0: "running", 1: "running"}
+    fresh = {0: 1000.0, 1: 999.5}
+    assert rank_stopped({0: 60, 1: 40}, running, lag=5, last_writes=fresh) == []
+    stale = {0: 1000.0, 1: 970.0}
+    (alert,) = rank_stopped({0: 60, 1: 40}, running, lag=5, last_writes=stale)
+    assert (alert.rank, alert.since_step) == (1, 41)
+    gone = {0: "running", 1: "interrupted"}  # a dead process needs no wall-clock proof
+    (alert,) = rank_stopped({0: 60, 1: 40}, gone, lag=5, last_writes=fresh)
+    assert alert.rank == 1

@@ -77,6 +77,10 @@ def test_two_ranks_one_run_equal_grad_norms_and_a_straggler(tmp_path):
     assert [a.rank for a in stragglers] == [1]
     assert 30 <= stragglers[0].since_step <= 32
     assert not [a for a in rank_alerts(run) if a.kind in ("grad_norm_mismatch", "loss_spread")]
+    # rank 0 found it while training (no collective: it read rank 1's files) and recorded it
+    recorded = [a for a in run.alerts if a.get("cross_rank")]
+    assert [(a.kind, a.rank) for a in recorded] == [("straggler", 1)]
+    assert 30 <= recorded[0].since_step <= 32
 
 
 @pytest.mark.slow
@@ -105,5 +109,12 @@ def test_killed_rank_flagged_while_the_other_stays_readable(tmp_path):
         assert loss0.steps.tolist() == list(range(len(loss0.steps)))
         assert len(loss0.steps) >= 35 and np.isfinite(loss0.values).all()
         assert run.problems == []
+        # rank 0, stuck in the all-reduce, still records it from its watcher thread
+        deadline = time.monotonic() + 30
+        recorded = []
+        while time.monotonic() < deadline and not recorded:
+            recorded = [a for a in run.alerts if a.get("cross_rank")]
+            time.sleep(0.5)
+        assert [(a.kind, a.rank) for a in recorded] == [("rank_stopped", 1)]
     finally:
         stop(proc)
