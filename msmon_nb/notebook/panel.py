@@ -4,15 +4,21 @@ Built once; afterwards only widget values change (no clear_output, so nothing fl
 in VSCode). It hooks the Monitor's step boundaries: there it processes pending widget
 messages (pause, stop, frequency, display options) at most every ``pump_secs``, updates
 the counters (cheap HTML) at most every ``refresh`` seconds, and redraws the charts at
-most every ``refresh`` seconds, backing off so drawing takes at most ``budget`` (1 %) of
-wall time: after a draw of ``d`` seconds the next one waits ``d / budget``. The figure
-is built before training starts (``warm_up``), outside that budget. The clock is
-injectable so tests are deterministic.
+most every ``refresh`` seconds, within a drawing budget of ``budget`` (1 %) of wall
+time counted over the whole cell: a draw may start only when the drawing done so far
+plus 1.5 x its expected cost fits in ``budget`` x elapsed time. A blit is expected to
+cost what the last one did; a re-layout is priced by the renderer (per axes that must
+change) and refused when the spare budget cannot pay for it, in which case the panel
+comes back when it can. Only the first chart is exempt, so the user sees the curves
+``first_draw`` seconds in; it is charged to the budget all the same. The figure is built
+before training starts (``warm_up``, for the tags the monitor's config will produce),
+outside that budget. The clock is injectable so tests are deterministic.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,6 +29,11 @@ from msmon_nb.notebook.snapshots_view import snapshots_html
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
 
+TYPICAL_BLIT = 0.03  # seconds: a redraw whose axes limits hold (bench/panel.py)
+HORIZON = 60.0  # seconds of steps the x axis has room for at least (a re-layout of
+# every axes costs ~0.2 s, which the 1 % budget pays for only every 20 s)
+PLAN = 0.9  # plan to spend 90 % of the budget: a draw can cost more than expected
+SAFETY = 1.5  # plan draws as if they cost this much more: costs vary from draw to draw
 _SEVERITY_COLORS = {"critical": "#b71c1c", "warning": "#e65100", "info": "#1565c0"}
 
 
@@ -41,6 +52,7 @@ class Panel:
         *,
         refresh: float = 0.5,
         budget: float = 0.01,
+        first_draw: float = 1.0,
         pump_secs: float = 0.05,
         live: bool = True,
         clock: Callable[[], float] = time.perf_counter,
@@ -49,6 +61,7 @@ class Panel:
 
         self.refresh = refresh
         self.budget = budget
+        self.first_draw = first_draw
         self.pump_secs = pump_secs
         self.clock = clock
         self.live = live
@@ -59,10 +72,12 @@ class Panel:
         self.draws = 0
         self._started = clock()
         self._next_draw = 0.0
+        self._cost_fast = TYPICAL_BLIT  # the last blit's cost, seconds
+        self._rate_mark: tuple[float, int] | None = None  # (time, steps) for the step rate
         self._next_status = 0.0
         self._last_pump = -1e9
         self._drawn_version = -1
-        self._dirty = True
+        self._dirty = not live  # a live panel's first chart waits for first_draw
         self._status = "running" if live else "finished"
         self._snapshots_shown = 0
 
@@ -181,40 +196,70 @@ class Panel:
         if self.pump is not None and now - self._last_pump >= self.pump_secs:
             self._last_pump = now
             self.pump.pump()
+        if self._rate_mark is None:  # the first step (compilation) is over
+            self._rate_mark = (now, monitor.step_count)
         version = monitor.series.version
-        if self._dirty or (now >= self._next_draw and version != self._drawn_version):
-            self.redraw_now()
+        due = now >= self._next_draw and now - self._started >= self.first_draw
+        if self._dirty:
+            self.redraw_now()  # the user changed a control: they wait for the answer
+        elif due and version != self._drawn_version:
+            spare = PLAN * self.budget * (now - self._started) - self.draw_time
+            if self._drawn_version < 0:  # the first chart is not made to wait
+                self.redraw_now()
+            elif spare >= SAFETY * self._cost_fast:
+                self.redraw_now(layout_budget=spare / SAFETY - self._cost_fast)
         elif now >= self._next_status:
             self._update_status()
 
-    def redraw_now(self) -> None:
-        """Draw charts and counters now, and schedule the next draw per the budget."""
+    def redraw_now(self, layout_budget: float = math.inf) -> None:
+        """Draw charts and counters now (or only counters, when the charts need a
+        re-layout dearer than ``layout_budget`` seconds); charge the time to the budget."""
         monitor = self.monitor
         t0 = self.clock()
+        layouts_before = self.renderer.full_draws
+        drawn = True
         if monitor is not None:
-            self.show_series(
-                monitor.series, monitor.alerts, self._expected_step(), monitor.snapshots
+            drawn = self.show_series(
+                monitor.series,
+                monitor.alerts,
+                self._expected_step(),
+                monitor.snapshots,
+                layout_budget=layout_budget,
             )
-            self._drawn_version = monitor.series.version
+            if drawn:
+                self._drawn_version = monitor.series.version
         self._update_status()
-        cost = self.clock() - t0
+        now = self.clock()
+        cost = now - t0
         self.draw_time += cost
-        self.draws += 1
         self._dirty = False
-        self._next_draw = self.clock() + max(self.refresh, cost / self.budget)
+        self._next_draw = now + self.refresh
+        if not drawn:  # come back when that re-layout fits the budget
+            need = self.draw_time + SAFETY * self.renderer.refused_cost
+            self._next_draw = max(self._next_draw, self._started + need / (PLAN * self.budget))
+            return
+        self.draws += 1
+        if self.renderer.full_draws == layouts_before:
+            self._cost_fast = cost
 
     def _expected_step(self) -> float | None:
-        """The step the run should reach after as long again as it has run (>= 30 s more).
+        """The step the run should reach after as long again as it has run (>= 60 s more).
 
         Sizing the x axis for that long keeps full re-layouts (the costly redraws) to
-        about one per doubling of the run's age.
+        about one per doubling of the run's age. The rate is measured since the previous
+        draw, or since the first step ended (its time is mostly MindSpore compiling).
         """
         monitor = self.monitor
-        elapsed = self.clock() - self._started
+        now = self.clock()
+        elapsed = now - self._started
         if monitor is None or monitor.last_step is None or elapsed <= 0:
             return None
         rate = monitor.step_count / elapsed
-        return monitor.last_step + rate * max(elapsed, 30.0)
+        mark = self._rate_mark
+        if mark is not None and now - mark[0] > 0.2 and monitor.step_count > mark[1]:
+            rate = max(rate, (monitor.step_count - mark[1]) / (now - mark[0]))
+            self._rate_mark = (now, monitor.step_count)
+        return monitor.last_step + rate * max(elapsed, HORIZON)
 
     def show_series(
         self,
@@ -222,18 +267,35 @@ class Panel:
         alerts: list[Any],
         expect_step: float | None = None,
         snapshots: list[Any] | None = None,
-    ) -> None:
-        """Draw ``series`` (tag -> steps/values), the alert strip and the snapshot table."""
+        layout_budget: float = math.inf,
+    ) -> bool:
+        """Draw ``series`` (tag -> steps/values), the alert strip and the snapshot table.
+
+        False when the charts were left as they were (a re-layout was not allowed).
+        """
+        drawn = True
         if series:
-            self.image.value = self.renderer.render(series, expect_step)
+            png = self.renderer.render(series, expect_step, layout_budget=layout_budget)
+            if png is None:
+                drawn = False
+            else:
+                self.image.value = png
         self.alerts.value = _alerts_html(alerts, self.renderer.first_nonfinite())
         if snapshots is not None and len(snapshots) != self._snapshots_shown:
             self._snapshots_shown = len(snapshots)
             self.snapshots.value = snapshots_html(snapshots)
+        return drawn
 
     def warm_up(self) -> None:
-        """Build the figure and draw it once, before the loop starts (not budgeted)."""
-        self.image.value = self.renderer.render({})
+        """Build the figure and draw it once, before the loop starts (not budgeted).
+
+        The figure is built for the tags the attached monitor will record, so the first
+        chart with data needs only a re-layout, not a new figure, inside the budget.
+        """
+        from msmon_nb.metrics.series import Series
+
+        tags = expected_tags(self.monitor.config) if self.monitor is not None else []
+        self.image.value = self.renderer.render({tag: Series() for tag in tags})
         self._update_status()
 
     def _update_status(self) -> None:
@@ -268,6 +330,28 @@ class Panel:
         """Share of wall time spent drawing since the panel was made."""
         elapsed = self.clock() - self._started
         return self.draw_time / elapsed if elapsed > 0 else 0.0
+
+
+_CORE_TAGS = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "learning_rate": "train/learning_rate",
+    "throughput": "train/throughput",
+    "step_time": "train/step_time",
+}
+
+
+def expected_tags(config: Any) -> list[str]:
+    """The scalar tags a watched loop records under ``config`` (those known in advance).
+
+    Watched loops and ``Model.train`` also split step time into data and compute time.
+    """
+    tags = [tag for metric, tag in _CORE_TAGS.items() if config.tracks(metric)]
+    if config.tracks("step_time"):
+        tags += ["train/data_time", "train/compute_time"]
+    if config.tracks("system"):
+        tags += ["sys/rss_mb", "sys/host_mem_percent", "sys/cpu_percent"]
+    return tags
 
 
 def _alerts_html(alerts: list[Any], nonfinite: Mapping[str, int]) -> str:

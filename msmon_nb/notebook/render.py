@@ -10,12 +10,17 @@ Speed: a full matplotlib draw of four axes costs ~90 ms here, nearly all of it t
 text. Axis limits are therefore *sticky* (the x range grows geometrically, the y range
 changes only when the data leave it or shrink to a small part of it), and while no limit
 changes the lines are blitted onto the cached axes backgrounds: ~10 ms for four lines,
-plus ~10 ms of PNG encoding.
+plus ~10 ms of PNG encoding. When some limits change, only those axes are redrawn: their
+cell (the axes with its tick labels and title) is wiped from a blank copy of the figure
+and the axes alone drawn again, so a warmup that keeps lifting the learning-rate chart
+costs one axes' ticks, not five.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -133,18 +138,30 @@ def sticky_xlim(
 
 
 def sticky_ylim(
-    current: tuple[float, float] | None, lo: float, hi: float, log: bool
+    current: tuple[float, float] | None, lo: float, hi: float, log: bool, room: bool = False
 ) -> tuple[float, float]:
-    """y limits kept while the data stay inside and fill at least a quarter of them."""
+    """y limits kept while the data stay inside and fill at least a quarter of them.
+
+    ``room`` (live runs): new limits leave room for the data to grow (and a positive
+    series to fall to zero), and are kept while the data fill 2 % of them, so a falling
+    loss, a warmup or a drifting grad_norm re-lays the axes out (the costly redraw)
+    rarely; a finished run's charts are fitted tightly (``tighten``).
+    """
     f = np.log10 if log else (lambda v: v)
     if current is not None and current[0] <= lo and hi <= current[1]:
         span = f(current[1]) - f(current[0])
-        if span > 0 and (f(hi) - f(lo)) >= 0.25 * span:
+        if span > 0 and (f(hi) - f(lo)) >= (0.02 if room else 0.25) * span:
             return current
     if log:
-        return (lo / 1.5, hi * 1.5) if hi > lo else (lo / 2, hi * 2)
-    pad = (hi - lo) * 0.1 if hi > lo else max(abs(hi) * 0.1, 1e-12)
-    return (lo - pad, hi + pad)
+        factor = 3.0 if room else 1.5
+        return (lo / factor, hi * factor) if hi > lo else (lo / 2, hi * 2)
+    if not room:
+        pad = (hi - lo) * 0.1 if hi > lo else max(abs(hi) * 0.1, 1e-12)
+        return (lo - pad, hi + pad)
+    # live: room to double (a warmup, a rising throughput) and, for a positive series
+    # such as a falling loss, down to zero
+    span = max(hi - lo, abs(hi) * 0.5, abs(lo) * 0.5, 1e-12)
+    return (0.0 if lo >= 0 else lo - span, hi + span if hi > 0 else hi + 0.1 * span)
 
 
 def _label(key: str, lines: int, tags: int) -> str | None:
@@ -157,6 +174,42 @@ def _label(key: str, lines: int, tags: int) -> str | None:
     if tags > 1 or not suffix:
         return key
     return suffix
+
+
+def _apply_limits(ax, xlim: tuple, ylim: tuple | None, log: bool) -> None:
+    """Scale, locators and limits of one axes."""
+    ax.set_yscale("log" if log else "linear")
+    if log:  # 1-2-5 labels, so a range inside one decade still gets numbers
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+    ax.yaxis.set_minor_formatter(NullFormatter())  # set_yscale resets it
+    ax.set_xlim(*xlim)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+
+
+def _cells(
+    boxes: list[tuple[float, float, float, float]], width: float, height: float
+) -> list[tuple[float, float, float, float]]:
+    """Each axes' cell in a two-column grid: its box, tick labels and title, no more.
+
+    Columns split just right of the left axes (whose right side holds only ticks; the
+    right column's y labels need the gap); rows split halfway between one row's x tick
+    labels and the title of the row below. ``boxes`` are display pixels (origin bottom
+    left); the cells are buffer pixels (origin top left), as ``restore_region`` takes them.
+    """
+    out = []
+    for i, (_x0, y0, x1, y1) in enumerate(boxes):
+        col = i % 2
+        left = 0.0 if col == 0 else boxes[i - 1][2] + 6
+        right = width if col == 1 or i + 1 >= len(boxes) else x1 + 6
+        top = height if i < 2 else (boxes[i - 2][1] + y1) / 2
+        bottom = 0.0 if i + 2 >= len(boxes) else (y0 + boxes[i + 2][3]) / 2
+        # as Agg's buffer counts rows: from the top
+        out.append((left, height - top, right, height - bottom))
+    return out
 
 
 def _skip_label_layout(ax) -> None:
@@ -184,7 +237,11 @@ class ChartRenderer:
         self._nan_artists: list = []
         self._limits: list[tuple] = []
         self._backgrounds: list = []
-        self.full_draws = 0
+        self._blank = None  # the figure without axes, to wipe one axes' cell
+        self._cells: list[tuple[float, float, float, float]] = []
+        self.full_draws = 0  # re-layouts (all axes, or only those whose limits changed)
+        self.axis_cost = 0.03  # seconds to re-lay out one axes (measured at each re-layout)
+        self.refused_cost = 0.0  # what the last refused re-layout would have cost
         self.fast_draws = 0
 
     def _build(self, charts: list[Chart]) -> None:
@@ -260,14 +317,34 @@ class ChartRenderer:
         self._limits = [None] * len(charts)
         self._backgrounds = []
         self.charts = charts
+        for ax in self._axes:
+            ax.set_visible(False)
+        fig.canvas.draw()
+        self._blank = fig.canvas.copy_from_bbox(fig.bbox)
+        for ax in self._axes:
+            ax.set_visible(True)
+        self._cells = _cells(
+            [ax.bbox.extents for ax in self._axes], fig.bbox.width, fig.bbox.height
+        )
 
-    def render(self, series: Mapping[str, object], expect_step: float | None = None) -> bytes:
+    def render(
+        self,
+        series: Mapping[str, object],
+        expect_step: float | None = None,
+        layout_budget: float = math.inf,
+    ) -> bytes | None:
         """PNG of the charts for ``series`` (tag -> object with ``steps``/``values``).
 
         ``expect_step``: the step a live run is expected to reach soon (see sticky_xlim).
+        ``layout_budget``: seconds re-layouts may take now (priced at the last re-layout's
+        cost per axes). Axes whose limits must change beyond that keep their last
+        picture (``deferred``; clipping new data to old axes would hide what matters)
+        while the others are updated. None when even the figure cannot be drawn.
         """
         charts = plan_charts(list(series))
         if [c.tags for c in charts] != [c.tags for c in self.charts] or self._figure is None:
+            if self._figure is not None and self._too_dear(len(charts), layout_budget):
+                return None
             self._build(charts)
         opts = self.options
         artists: list[list] = []
@@ -313,36 +390,82 @@ class ChartRenderer:
             ylim = old[1] if old else None
             if ys_all:
                 yr = np.concatenate(ys_all)
-                ylim = sticky_ylim(ylim if old and old[2] == log else None, yr.min(), yr.max(), log)
+                ylim = sticky_ylim(
+                    ylim if old and old[2] == log else None,
+                    yr.min(),
+                    yr.max(),
+                    log,
+                    room=opts.headroom > 1,
+                )
             new_limits.append((xlim, ylim, log))
         canvas = self._figure.canvas
-        if new_limits != self._limits or not self._backgrounds:
+        if not self._backgrounds:  # first draw of this figure: every axes
+            if self._too_dear(len(self._axes), layout_budget):
+                return None
+            began = time.perf_counter()
             for ax, limits in zip(self._axes, new_limits, strict=True):
-                if limits is None:
-                    continue
-                xlim, ylim, log = limits
-                ax.set_yscale("log" if log else "linear")
-                if log:  # 1-2-5 labels, so a range inside one decade still gets numbers
-                    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-                    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-                else:
-                    ax.yaxis.set_major_locator(MaxNLocator(4))
-                ax.yaxis.set_minor_formatter(NullFormatter())  # set_yscale resets it
-                ax.set_xlim(*xlim)
-                if ylim is not None:
-                    ax.set_ylim(*ylim)
+                if limits is not None:
+                    _apply_limits(ax, *limits)
             canvas.draw()  # animated artists are left out of this pass
             self._backgrounds = [canvas.copy_from_bbox(ax.bbox) for ax in self._axes]
             self._limits = new_limits
-            self.full_draws += 1
+            self._note_layout(began, len(self._axes))
+            deferred: set[int] = set()
         else:
-            for background in self._backgrounds:
-                canvas.restore_region(background)
-            self.fast_draws += 1
-        for ax, drawn in zip(self._axes, artists, strict=True):
+            deferred = self._relayout(new_limits, layout_budget)
+        for i, (ax, drawn) in enumerate(zip(self._axes, artists, strict=True)):
+            if i in deferred:
+                continue  # its pixels stay as last drawn until a re-layout is affordable
             for artist in drawn:
                 ax.draw_artist(artist)
         return self._png()
+
+    def _relayout(self, new_limits: list, budget: float) -> set[int]:
+        """Restore every axes' background, re-laying out those whose limits moved, as
+        many as ``budget`` seconds pay for (in chart order); the indexes left for later.
+
+        A re-laid axes' cell is wiped from the blank figure and the axes drawn alone.
+        """
+        canvas = self._figure.canvas
+        changed = [
+            i for i, (a, b) in enumerate(zip(self._limits, new_limits, strict=True)) if a != b
+        ]
+        affordable = int(budget // self.axis_cost) if math.isfinite(budget) else len(changed)
+        now, later = changed[:affordable], set(changed[affordable:])
+        self.refused_cost = self.axis_cost * len(later)
+        began = time.perf_counter()
+        renderer = canvas.get_renderer()
+        for i, ax in enumerate(self._axes):
+            if i in later:
+                continue
+            if i in now:
+                _apply_limits(ax, *new_limits[i])
+                canvas.restore_region(self._blank, bbox=self._cells[i], xy=(0, 0))
+                ax.draw(renderer)  # animated artists are left out, drawn after
+                self._backgrounds[i] = canvas.copy_from_bbox(ax.bbox)
+                self._limits[i] = new_limits[i]
+            else:
+                canvas.restore_region(self._backgrounds[i])
+        if now:
+            self._note_layout(began, len(now))
+        else:
+            self.fast_draws += 1
+        return later
+
+    def _note_layout(self, began: float, axes: int) -> None:
+        self.full_draws += 1
+        self.axis_cost = (time.perf_counter() - began) / max(1, axes)
+
+    def _too_dear(self, axes: int, budget: float) -> bool:
+        """True (and ``refused_cost`` set) when laying out ``axes`` exceeds ``budget``."""
+        cost = self.axis_cost * axes
+        self.refused_cost = cost if cost > budget else 0.0
+        return cost > budget
+
+    @property
+    def deferred(self) -> bool:
+        """True when some axes wait for a re-layout (their charts show older data)."""
+        return self.refused_cost > 0
 
     def _line_data(self, line: _Line, steps, values, log: bool):
         line.decimator.update(steps, values)

@@ -8,7 +8,7 @@ from PIL import Image
 from msmon_nb.metrics.series import Series
 from msmon_nb.monitor import Monitor
 from msmon_nb.notebook.panel import Panel
-from msmon_nb.notebook.render import ChartRenderer
+from msmon_nb.notebook.render import ChartRenderer, RenderOptions
 
 
 class FakeClock:
@@ -26,9 +26,9 @@ def test_redraws_throttled_and_backing_off(tmp_path):
         panel.attach(mon)
         real_render = panel.renderer.render
 
-        def slow_render(series, expect=None):
+        def slow_render(series, expect=None, **kwargs):
             clock.now += 0.05  # every draw "costs" 50 ms
-            return real_render(series, expect)
+            return real_render(series, expect, **kwargs)
 
         panel.renderer.render = slow_render
         for _ in range(100):  # 100 steps in 10 s
@@ -61,7 +61,7 @@ def test_spike_and_nan_are_visible_in_the_png():
     values[150_000] = np.nan
     s = Series()
     s.extend(np.arange(n), values, np.zeros(n))
-    renderer = ChartRenderer()
+    renderer = ChartRenderer(RenderOptions(headroom=1.0))  # a finished run: tight axes
     png = renderer.render({"train/loss": s})
     image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
     assert renderer.first_nonfinite() == {"train/loss": 150_000}
@@ -86,3 +86,66 @@ def test_show_lists_snapshots_with_histograms(tmp_path):
     assert "data-snapshot='fc1.weight'" in table and "data-snapshot='bad'" in table
     assert table.count("<rect") > 10  # the histogram bars
     assert "1/0" in table  # NaN count of 'bad'
+
+
+def test_relayout_of_some_axes_equals_a_full_draw():
+    """A warmup lifting only the learning-rate chart redraws that axes alone; the picture
+    must be exactly what a full matplotlib draw with the same limits gives."""
+    tags = ("train/loss", "train/grad_norm", "train/learning_rate", "train/throughput")
+    rng = np.random.default_rng(0)
+    n = 1500
+    values = {tag: np.abs(rng.normal(size=n)) + 0.1 for tag in tags}
+    values["train/learning_rate"][500:] *= 100
+    values["train/learning_rate"][1000:] *= 100
+
+    def first(k):
+        out = {}
+        for tag in tags:
+            s = Series()
+            s.extend(np.arange(k), values[tag][:k], np.zeros(k))
+            out[tag] = s
+        return out
+
+    renderer = ChartRenderer()
+    renderer.render(first(500), expect_step=n)
+    before = list(renderer._limits)
+    renderer.render(first(1000), expect_step=n)
+    partial = renderer.render(first(n), expect_step=n)
+    after = list(renderer._limits)
+    moved = [i for i in range(len(tags)) if before[i] != after[i]]
+    assert moved == [2]  # only the learning-rate axes re-laid out
+    renderer._backgrounds = []  # force a full draw with the very same limits
+    full = renderer.render(first(n), expect_step=n)
+    assert renderer._limits == after
+    a, b = (np.asarray(Image.open(io.BytesIO(png)).convert("RGB")) for png in (partial, full))
+    assert np.array_equal(a, b)
+
+
+def test_unaffordable_relayout_defers_only_that_chart():
+    """Out of budget, the chart whose axes must change keeps its last picture (new data
+    clipped to old axes would mislead) while the other charts go on updating."""
+    tags = ("train/loss", "train/learning_rate")
+    n = 1000
+    lr = np.linspace(1e-4, 1e-2, n)  # a warmup: lifts its chart's axes again and again
+    loss = 2.0 + 0.1 * np.sin(np.arange(n) / 7.0)
+
+    def first(k):
+        out = {}
+        for tag, values in zip(tags, (loss, lr), strict=True):
+            s = Series()
+            s.extend(np.arange(k), values[:k], np.zeros(k))
+            out[tag] = s
+        return out
+
+    renderer = ChartRenderer()
+    png0 = renderer.render(first(100), expect_step=n)
+    lr_limits = renderer._limits[2]
+    png1 = renderer.render(first(900), expect_step=n, layout_budget=0.0)
+    assert renderer.deferred and renderer._limits[2] == lr_limits
+    img0, img1 = (np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in (png0, png1))
+    x0, y0, x1, y1 = (int(v) for v in renderer._cells[2])
+    assert np.array_equal(img0[y0:y1, x0:x1], img1[y0:y1, x0:x1])  # lr chart untouched
+    x0, y0, x1, y1 = (int(v) for v in renderer._cells[0])
+    assert not np.array_equal(img0[y0:y1, x0:x1], img1[y0:y1, x0:x1])  # loss chart moved on
+    renderer.render(first(900), expect_step=n)  # budget again: the lr axes catch up
+    assert not renderer.deferred and renderer._limits[2] != lr_limits
