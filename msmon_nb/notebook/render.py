@@ -40,6 +40,10 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # shown as numbers elsewhere (global_step) or the inverse of a core chart (step_time)
 _NOT_CHARTED = frozenset({"train/global_step", "train/step_time"})
 MAX_LINES = 6
+# groups whose prefix alone says little
+_GROUP_TITLES = {
+    ("train/compute_time", "train/data_time"): "step time (s): waiting for data vs compute",
+}
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
@@ -81,7 +85,8 @@ def plan_charts(tags: list[str]) -> list[Chart]:
         groups.setdefault(key, []).append(tag)
     for key, members in groups.items():
         keys = [k for tag in members for k in by_base[tag]]
-        charts.append(Chart(key, tuple(keys[:MAX_LINES])))
+        title = _GROUP_TITLES.get(tuple(members), key)
+        charts.append(Chart(title, tuple(keys[:MAX_LINES])))
     return charts
 
 

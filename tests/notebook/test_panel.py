@@ -149,3 +149,25 @@ def test_unaffordable_relayout_defers_only_that_chart():
     assert not np.array_equal(img0[y0:y1, x0:x1], img1[y0:y1, x0:x1])  # loss chart moved on
     renderer.render(first(900), expect_step=n)  # budget again: the lr axes catch up
     assert not renderer.deferred and renderer._limits[2] != lr_limits
+
+
+def test_charts_grouped_by_prefix_with_readable_titles():
+    from msmon_nb.notebook.render import plan_charts
+
+    tags = [
+        "train/loss",
+        "train/grad_norm",
+        "train/data_time",
+        "train/compute_time",
+        "train/step_time",  # the inverse of throughput: not charted twice
+        "val/accuracy",
+        "val/f1",
+    ]
+    charts = {c.title: c.tags for c in plan_charts(tags)}
+    assert charts["loss"] == ("train/loss",)
+    assert charts["step time (s): waiting for data vs compute"] == (
+        "train/compute_time",
+        "train/data_time",
+    )
+    assert charts["val/"] == ("val/accuracy", "val/f1")
+    assert not any("train/step_time" in t for t in charts.values())
