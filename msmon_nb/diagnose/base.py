@@ -30,36 +30,69 @@ class Finding(NamedTuple):
     message: str
 
 
-class Streak:
+class Episode:
+    """An anomaly reported once while it lasts: ``start()`` when it is reported, then
+    ``settle(calm)`` at each later step; ``QUIET`` calm steps in a row end it."""
+
+    __slots__ = ("_calm", "active")
+
+    def __init__(self) -> None:
+        self._calm = 0
+        self.active = False
+
+    def start(self) -> None:
+        """The anomaly was just reported."""
+        self.active = True
+        self._calm = 0
+
+    def settle(self, calm: bool) -> None:
+        """One more step, normal (``calm``) or not."""
+        self._calm = self._calm + 1 if calm else 0
+        if self._calm >= QUIET:
+            self.active = False
+
+
+class EpisodeRule:
+    """Base of the rules whose reports last an ``Episode``: ``active`` is the episode's."""
+
+    __slots__ = ("episode",)
+
+    def __init__(self) -> None:
+        self.episode = Episode()
+
+    @property
+    def active(self) -> bool:
+        """True while the reported anomaly lasts."""
+        return self.episode.active
+
+
+class Streak(EpisodeRule):
     """An episode of a condition: ``patience`` hits in a row start it (reported once),
     ``QUIET`` misses in a row end it. ``since`` is the first hit of the run of hits."""
 
-    __slots__ = ("_calm", "active", "count", "patience", "since")
+    __slots__ = ("count", "patience", "since")
 
     def __init__(self, patience: int) -> None:
+        super().__init__()
         self.patience = patience
         self.count = 0
         self.since = 0
-        self._calm = 0
-        self.active = False
 
     def miss(self) -> None:
         """The condition does not hold at this step."""
         self.count = 0
-        if self.active:
-            self._calm += 1
-            if self._calm >= QUIET:
-                self.active = False
+        if self.episode.active:
+            self.episode.settle(calm=True)
 
     def hit(self, step: int) -> bool:
         """The condition holds at ``step``; True when this confirms a new episode."""
-        self._calm = 0
+        self.episode.settle(calm=False)
         if self.count == 0:
             self.since = step
         self.count += 1
         if self.active or self.count < self.patience:
             return False
-        self.active = True
+        self.episode.start()
         return True
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import LOG2, QUIET, Finding, short
+from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
 from msmon_nb.diagnose.window import Levels
 
 _CLIP_HINT = "lower the learning rate or clip gradients (nn.ClipByNorm / ops.clip_by_global_norm)"
@@ -37,15 +37,13 @@ _VANISH_HINT = (
 )
 
 
-class GradExplosion:
+class GradExplosion(EpisodeRule):
     """grad_norm >= ``factor`` x its running median (and ``z`` robust sigmas above it) for
     ``patience`` collected steps in a row, or above the absolute ``ceiling`` once."""
 
     __slots__ = (
-        "_calm",
         "_over",
         "_since",
-        "active",
         "ceiling",
         "levels",
         "log_factor",
@@ -67,6 +65,7 @@ class GradExplosion:
         min_history: int,
         levels: Levels | None = None,
     ) -> None:
+        super().__init__()
         self.name = short(tag)
         self.log_factor = math.log10(factor)
         self.z = z
@@ -76,8 +75,6 @@ class GradExplosion:
         self.levels = levels if levels is not None else Levels(window, log=True)
         self._over = 0
         self._since: int | None = None
-        self._calm = 0
-        self.active = False
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed grad_norm at ``step``."""
@@ -99,14 +96,11 @@ class GradExplosion:
             self._since = None
         self._over = self._over + 1 if exceeds else 0
         if self.active:
-            self._calm = self._calm + 1 if not (elevated or high) else 0
-            if self._calm >= QUIET:
-                self.active = False
+            self.episode.settle(calm=not (elevated or high))
             return None
         if not (high or self._over >= self.patience):
             return None
-        self.active = True
-        self._calm = 0
+        self.episode.start()
         since = step if self._since is None else self._since
         if d > 0.0:
             where = f"{fmt_ratio(10.0**d)} over its running median {fmt(10.0**lv.median)}"
@@ -118,7 +112,7 @@ class GradExplosion:
         return Finding(since, value, message)
 
 
-class GradVanishing:
+class GradVanishing(EpisodeRule):
     """grad_norm below ``floor`` for ``patience`` collected steps in a row, or ``factor`` x
     below its running median for ``patience`` steps (a sudden collapse).
 
@@ -128,12 +122,10 @@ class GradVanishing:
     """
 
     __slots__ = (
-        "_calm",
         "_floor_count",
         "_floor_since",
         "_rel_count",
         "_rel_since",
-        "active",
         "floor",
         "levels",
         "log_factor",
@@ -153,6 +145,7 @@ class GradVanishing:
         min_history: int,
         levels: Levels | None = None,
     ) -> None:
+        super().__init__()
         self.name = short(tag)
         self.floor = floor
         self.log_factor = math.log10(factor)
@@ -163,8 +156,6 @@ class GradVanishing:
         self._floor_since: int | None = None
         self._rel_count = 0
         self._rel_since: int | None = None
-        self._calm = 0
-        self.active = False
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed grad_norm at ``step``."""
@@ -196,10 +187,7 @@ class GradVanishing:
             self._rel_since = None
         self._rel_count = self._rel_count + 1 if collapsed else 0
         if self.active:
-            recovered = value >= 2.0 * self.floor and not depressed
-            self._calm = self._calm + 1 if recovered else 0
-            if self._calm >= QUIET:
-                self.active = False
+            self.episode.settle(calm=value >= 2.0 * self.floor and not depressed)
             return None
         if self._floor_count >= self.patience:
             since = self._floor_since if self._floor_since is not None else step
@@ -210,8 +198,7 @@ class GradVanishing:
         return None
 
     def _fire(self, since: int, value: float, d: float, floor: bool) -> Finding:
-        self.active = True
-        self._calm = 0
+        self.episode.start()
         lv = self.levels
         median = f"running median {fmt(10.0**lv.median)}" if lv.n else ""
         if floor:

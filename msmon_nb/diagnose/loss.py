@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import QUIET, TINY, Finding, short
+from msmon_nb.diagnose.base import TINY, EpisodeRule, Finding, short
 from msmon_nb.diagnose.window import Levels
 
 
@@ -31,6 +31,14 @@ def _start_level(first: float, median: float) -> float:
     is larger in size (at log_interval 10 a small model may have converged before its
     20th collected step, so the median alone would understate it)."""
     return first if abs(first) > abs(median) else median
+
+
+def _high(
+    rule: LossSpike | LossDivergence, excess: float, median: float, q90: float, bar: float
+) -> bool:
+    """The loss rules' test of one value: its ``excess`` over the running median beats
+    ``tail`` x (q90 - median), ``rel`` x |median| and ``hold`` x the peak-hold ``bar``."""
+    return excess > max(rule.tail * (q90 - median), rule.rel * abs(median), rule.hold * bar, TINY)
 
 
 class LossSpike:
@@ -107,9 +115,7 @@ class LossSpike:
         q90 = lv.q90
         excess = value - median
         peak = self._peak * self._decay
-        spike = excess > max(
-            self.tail * (q90 - median), self.rel * abs(median), self.hold * peak, TINY
-        )
+        spike = _high(self, excess, median, q90, peak)
         self._peak = excess if excess > peak else peak
         if self.active:
             if not spike:
@@ -128,7 +134,7 @@ class LossSpike:
         return Finding(step, value, message)
 
 
-class LossDivergence:
+class LossDivergence(EpisodeRule):
     """A sustained rise, in either of two shapes.
 
     *Jump*: ``patience`` collected steps in a row whose excess over the running median
@@ -154,7 +160,6 @@ class LossDivergence:
         "_alpha",
         "_best",
         "_best_step",
-        "_calm",
         "_decay",
         "_drift",
         "_ema",
@@ -165,7 +170,6 @@ class LossDivergence:
         "_run_max",
         "_run_ref",
         "_start",
-        "active",
         "giveback",
         "hold",
         "levels",
@@ -195,6 +199,7 @@ class LossDivergence:
         min_history: int,
         levels: Levels | None = None,
     ) -> None:
+        super().__init__()
         self.name = short(tag)
         self.tail = tail
         self.rel = rel
@@ -218,8 +223,6 @@ class LossDivergence:
         self._high = 0
         self._high_since: int | None = None
         self._drift = 0
-        self._calm = 0
-        self.active = False
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed the loss at ``step``."""
@@ -242,9 +245,7 @@ class LossDivergence:
         excess = value - median
         peak = self._peak * self._decay
         ref = self._run_ref if self._high else peak  # a run must not raise its own bar
-        high = excess > max(
-            self.tail * (lv.q90 - median), self.rel * abs(median), self.hold * ref, TINY
-        )
+        high = _high(self, excess, median, lv.q90, ref)
         if high:
             if not self._high:
                 self._run_ref = peak
@@ -272,10 +273,7 @@ class LossDivergence:
         self._drift = self._drift + 1 if drifting else 0
         if self.active:
             # hysteresis: a loss hovering at the threshold is one divergence, not many
-            calm = not high and ema <= best + 0.5 * allowed
-            self._calm = self._calm + 1 if calm else 0
-            if self._calm >= QUIET:
-                self.active = False
+            self.episode.settle(calm=not high and ema <= best + 0.5 * allowed)
             return None
         if self._high >= self.patience:
             since = self._high_since if self._high_since is not None else step
@@ -295,8 +293,7 @@ class LossDivergence:
             )
         else:
             return None
-        self.active = True
-        self._calm = 0
+        self.episode.start()
         return Finding(since, value, message)
 
 

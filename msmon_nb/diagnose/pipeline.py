@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import statistics
 
-from msmon_nb.diagnose.base import QUIET, Finding
+from msmon_nb.diagnose.base import Finding, Streak
 
 DATA_TAG = "train/data_time"
 COMPUTE_TAG = "train/compute_time"
@@ -21,14 +21,18 @@ class DataBound:
     below the share.
     """
 
-    __slots__ = ("_calm", "_recent", "active", "share", "window")
+    __slots__ = ("_recent", "_streak", "share", "window")
 
     def __init__(self, *, share: float, window: int) -> None:
         self.share = share
         self.window = window
         self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
-        self._calm = 0
-        self.active = False
+        self._streak = Streak(patience=1)
+
+    @property
+    def active(self) -> bool:
+        """True while the run is reported data-bound."""
+        return self._streak.active
 
     def update(self, step: int, data_secs: float, compute_secs: float) -> Finding | None:
         """Feed one step's seconds waiting for data and computing."""
@@ -40,15 +44,10 @@ class DataBound:
             return None
         median = statistics.median(f for _, f in self._recent)
         if median < self.share:
-            if self.active:
-                self._calm += 1
-                if self._calm >= QUIET:
-                    self.active = False
+            self._streak.miss()
             return None
-        self._calm = 0
-        if self.active:
+        if not self._streak.hit(step):
             return None
-        self.active = True
         since = next(s for s, f in self._recent if f >= self.share)
         waited = data_secs * 1e3
         message = (
