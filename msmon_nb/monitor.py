@@ -24,6 +24,7 @@ from typing import Any
 
 from msmon_nb.collect.ranks import detect, shared_run_name
 from msmon_nb.config import ConfigError, MonitorConfig, check_tag
+from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG
 from msmon_nb.metrics.series import SeriesStore
 from msmon_nb.rundir import (
     backup_config,
@@ -400,8 +401,8 @@ class Monitor:
             params=params,
         )
         if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
-            values["train/data_time"] = self._data_secs / self._steps_since
-            values["train/compute_time"] = self._compute_secs / self._steps_since
+            values[DATA_TAG] = self._data_secs / self._steps_since
+            values[COMPUTE_TAG] = self._compute_secs / self._steps_since
         self._t_mark = time.perf_counter()
         self._steps_since = 0
         self._samples_since = 0
@@ -413,6 +414,22 @@ class Monitor:
         if extra:
             values.update({tag: float(v) for tag, v in extra.items()})
         self._emit(step, values)
+
+    def expected_tags(self) -> list[str]:
+        """The scalar tags this monitor will record that are known before the first step
+        (the panel builds its figure for them): the tracked core metrics, the step-time
+        split of watched loops and ``Model.train``, and the system metrics."""
+        from msmon_nb.collect.values import TAGS
+
+        cfg = self.config
+        tags = [tag for metric, tag in TAGS.items() if cfg.tracks(metric)]
+        if cfg.tracks("step_time"):
+            tags += [DATA_TAG, COMPUTE_TAG]
+        if cfg.tracks("system"):
+            from msmon_nb.collect.system import SYSTEM_TAGS
+
+            tags += SYSTEM_TAGS
+        return tags
 
     def _emit(self, step: int, values: Mapping[str, float]) -> None:
         if not values:

@@ -8,16 +8,19 @@ import psutil
 
 _PROC = psutil.Process()
 _MB = 2**20
+# always recorded; sys/device_mem_mb too where the device reports it
+SYSTEM_TAGS = ("sys/rss_mb", "sys/host_mem_percent", "sys/cpu_percent")
 
 
 def system_metrics() -> dict[str, float]:
     """``sys/...`` scalars for the current process and host."""
     mem = psutil.virtual_memory()
-    out = {
-        "sys/rss_mb": _PROC.memory_info().rss / _MB,
-        "sys/host_mem_percent": float(mem.percent),
-        "sys/cpu_percent": float(_PROC.cpu_percent(interval=None)),
-    }
+    values = (
+        _PROC.memory_info().rss / _MB,
+        float(mem.percent),
+        float(_PROC.cpu_percent(interval=None)),
+    )
+    out = dict(zip(SYSTEM_TAGS, values, strict=True))
     device = _device_memory_mb()
     if device is not None:
         out["sys/device_mem_mb"] = device

@@ -56,6 +56,17 @@ def param_stats(
     return out
 
 
+# the tag each core metric is recorded under
+TAGS = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "learning_rate": "train/learning_rate",
+    "throughput": "train/throughput",
+    "step_time": "train/step_time",
+    "global_step": "train/global_step",
+}
+
+
 def step_values(
     config: MonitorConfig,
     *,
@@ -74,24 +85,24 @@ def step_values(
     if tracks("loss") and loss is not None:
         value = to_float(loss[0] if isinstance(loss, tuple | list) else loss)
         if value is not None:
-            values["train/loss"] = value
+            values[TAGS["loss"]] = value
     leaves = flatten_tensors(grads) if grads is not None else None
     if tracks("grad_norm"):
         if grad_norm is not None:
-            values["train/grad_norm"] = float(to_float(grad_norm))
+            values[TAGS["grad_norm"]] = float(to_float(grad_norm))
         elif leaves:
-            values["train/grad_norm"] = global_norm(to_numpy(g) for g in leaves)
+            values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves)
     if tracks("learning_rate") and lr is not None:
         value = to_float(lr)
         if value is not None:
-            values["train/learning_rate"] = value
+            values[TAGS["learning_rate"]] = value
     if step_time is not None and step_time > 0:
         if tracks("step_time"):
-            values["train/step_time"] = step_time
+            values[TAGS["step_time"]] = step_time
         if tracks("throughput") and samples:
-            values["train/throughput"] = samples / step_time
+            values[TAGS["throughput"]] = samples / step_time
     if tracks("global_step") and global_step is not None:
-        values["train/global_step"] = float(global_step)
+        values[TAGS["global_step"]] = float(global_step)
     if tracks("param_stats") and params:
         names = [getattr(p, "name", f"param_{i}") for i, p in enumerate(params)]
         values.update(param_stats(names, params, leaves, config.param_targets))

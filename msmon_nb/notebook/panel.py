@@ -294,7 +294,7 @@ class Panel:
         """
         from msmon_nb.metrics.series import Series
 
-        tags = expected_tags(self.monitor.config) if self.monitor is not None else []
+        tags = self.monitor.expected_tags() if self.monitor is not None else []
         self.image.value = self.renderer.render({tag: Series() for tag in tags})
         self._update_status()
 
@@ -330,28 +330,6 @@ class Panel:
         """Share of wall time spent drawing since the panel was made."""
         elapsed = self.clock() - self._started
         return self.draw_time / elapsed if elapsed > 0 else 0.0
-
-
-_CORE_TAGS = {
-    "loss": "train/loss",
-    "grad_norm": "train/grad_norm",
-    "learning_rate": "train/learning_rate",
-    "throughput": "train/throughput",
-    "step_time": "train/step_time",
-}
-
-
-def expected_tags(config: Any) -> list[str]:
-    """The scalar tags a watched loop records under ``config`` (those known in advance).
-
-    Watched loops and ``Model.train`` also split step time into data and compute time.
-    """
-    tags = [tag for metric, tag in _CORE_TAGS.items() if config.tracks(metric)]
-    if config.tracks("step_time"):
-        tags += ["train/data_time", "train/compute_time"]
-    if config.tracks("system"):
-        tags += ["sys/rss_mb", "sys/host_mem_percent", "sys/cpu_percent"]
-    return tags
 
 
 def _alerts_html(alerts: list[Any], nonfinite: Mapping[str, int]) -> str:
