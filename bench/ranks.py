@@ -27,18 +27,13 @@ printed too. Targets: cold <= 5 s, warm <= 0.2 s, peak memory <= 2x the raw scal
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -48,6 +43,8 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np  # noqa: E402
 
+from bench.viewer import Viewer, timed  # noqa: E402
+
 TAGS = (
     "train/loss",
     "train/grad_norm",
@@ -56,7 +53,6 @@ TAGS = (
     "train/throughput",
 )
 STRAGGLER, SLOW_FROM = 13, 0.6  # rank, fraction of the steps
-READY = re.compile(r"^msmon view: serving .* at (http://\S+)$")
 MiB = 2**20
 
 
@@ -117,46 +113,6 @@ def make_job(base: Path, ranks: int, steps: int) -> None:
     print(f"   (written with EventWriter in {time.perf_counter() - t0:.0f} s)")
 
 
-class Viewer:
-    """``msmon view BASE --port 0`` in a subprocess, timed from its start."""
-
-    def __init__(self, base: Path) -> None:
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "msmon_nb.cli", "view", str(base), "--port", "0"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for line in self.proc.stdout:
-            if m := READY.match(line.strip()):
-                self.url = m.group(1).rstrip("/")
-                break
-        else:
-            raise RuntimeError("msmon view did not start")
-
-    def get(self, path: str, **params):
-        query = "?" + urllib.parse.urlencode(params) if params else ""
-        with urllib.request.urlopen(self.url + path + query, timeout=600) as resp:
-            return json.load(resp)
-
-    def peak_memory(self) -> int:
-        """VmHWM of the viewer process, bytes."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
-
-
 def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
@@ -187,7 +143,7 @@ def main() -> None:
 
 
 def bench_viewer(base: Path, args: argparse.Namespace, raw: int) -> None:
-    viewer = Viewer(base)
+    viewer = Viewer(base, timeout=600)
     try:
 
         def listing():

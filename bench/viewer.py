@@ -48,9 +48,11 @@ SPIKE_STEP = 31_337
 
 
 class Viewer:
-    """``msmon view BASE --port 0`` in a subprocess; ``url`` once it is ready."""
+    """``msmon view BASE --port 0`` in a subprocess, timed from its start; ``url`` once
+    it is ready. Shared by the viewer and ranks benches."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, timeout: float = 120) -> None:
+        self.timeout = timeout
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "msmon_nb.cli", "view", str(base), "--port", "0"],
@@ -59,14 +61,23 @@ class Viewer:
         )
         for line in self.proc.stdout:
             if m := READY.match(line.strip()):
-                self.url = m.group(1)
+                self.url = m.group(1).rstrip("/")
                 break
         else:
             raise RuntimeError("msmon view did not start")
 
-    def get(self, path: str):
-        with urllib.request.urlopen(self.url.rstrip("/") + path, timeout=120) as resp:
+    def get(self, path: str, **params):
+        """GET ``path`` (``params`` as its query string), decoded JSON."""
+        query = "?" + urllib.parse.urlencode(params) if params else ""
+        with urllib.request.urlopen(self.url + path + query, timeout=self.timeout) as resp:
             return json.load(resp)
+
+    def peak_memory(self) -> int:
+        """VmHWM of the viewer process, bytes."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM")
 
     def close(self) -> None:
         self.proc.terminate()

@@ -117,6 +117,15 @@ def drag(page, tag: str, x0: float, x1: float) -> None:
     page.mouse.up()
 
 
+def open_page(browser) -> tuple:
+    """A page, and the list its JavaScript errors and console errors are collected in."""
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    problems: list[str] = []
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    return page, problems
+
+
 def wait_for(page, expr: str, arg=None, timeout: float = 10_000):
     page.wait_for_function(expr, arg=arg, timeout=timeout)
 
@@ -132,10 +141,7 @@ def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_pat
     try:
         writer.stdout.readline()
         server, _ = serve(base)
-        page = browser.new_page(viewport={"width": 1500, "height": 950})
-        problems = []
-        page.on("pageerror", lambda exc: problems.append(str(exc)))
-        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+        page, problems = open_page(browser)
         page.goto(server.url)
 
         # 1. the running run is selected at start and its chart gains points live
@@ -269,10 +275,7 @@ def ranked_base(tmp_path):
 def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tmp_path):
     shots = DOCS or tmp_path
     server, _ = serve(ranked_base)
-    page = browser.new_page(viewport={"width": 1500, "height": 950})
-    problems = []
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
-    page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    page, problems = open_page(browser)
     page.goto(server.url)
     series_names = """(t) => (document.getElementById('chart-' + t)?.data || [])
         .filter((d) => d.meta === 'series').map((d) => d.name).sort().join('|')"""
