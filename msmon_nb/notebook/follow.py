@@ -1,8 +1,9 @@
 """``show(run, follow=True)``: a live panel for a run written by other processes.
 
 A daemon thread re-reads the run (only what was appended) every ``interval`` seconds and
-redraws; widget updates from a thread reach the front end through ipykernel's IOPub
-thread, so this keeps working after the cell has returned and the kernel is idle.
+sends the new points to the same browser-drawn panel as ``%%msmonitor``; comm messages
+from a thread reach the front end through ipykernel's IOPub thread, so this keeps
+working after the cell has returned and the kernel is idle.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Follower:
         self.run = run
         self.interval = interval
         self.panel = Panel(run.name, str(run.path), live=False)
+        self.panel.state = "following"
         self._stop = threading.Event()
         self.updates = 0
         self.thread = threading.Thread(
@@ -44,10 +46,10 @@ class Follower:
         run = self.run
         run.refresh()
         series, alerts = run_series(run)
-        self.panel.show_series(series, alerts, snapshots=run.snapshots)
-        self.panel.status.value = (
-            f"&nbsp;<b>{run.status}</b> &middot; last step {run.last_step} &middot; following"
-        )
+        panel = self.panel
+        panel.set_data(series, alerts, run.snapshots)
+        panel.state = "following" if run.status == "running" else run.status
+        panel.send()
         self.updates += 1
 
     def _loop(self) -> None:
@@ -55,7 +57,9 @@ class Follower:
             try:
                 self.draw()
             except Exception as exc:  # noqa: BLE001 - a reader thread must not die silently
-                self.panel.status.value = f"&nbsp;<b>follow stopped</b>: {exc}"
+                self.panel.state = "follow stopped"
+                self.panel.note = str(exc)
+                self.panel.send()
                 return
             if self.run.status not in ("running",):
                 self.draw()

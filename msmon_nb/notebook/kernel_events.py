@@ -94,3 +94,58 @@ class KernelEventPump:
                 kernel.set_parent(saved[0], saved[1], channel="shell")
         self.handled += ran
         return ran
+
+
+class BusyGuard:
+    """Keeps the front end showing the kernel busy while a monitored cell runs.
+
+    ipykernel publishes ``status: idle`` after every control-channel request (JupyterLab's
+    debugger sends ``debug_request`` s, its widget manager ``create_subshell_request`` s,
+    also while a cell runs) and after every request a subshell handles. JupyterLab and
+    Notebook 7 show the last status they received, so mid-cell the kernel looked idle.
+    While the guard is active, each idle published for a request other than the running
+    cell is followed at once by ``busy`` with the cell as parent; the cell's own idle (its
+    end) passes untouched. Feature-detected: a kernel without ``_publish_status`` is left
+    alone.
+    """
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.parent = kernel.get_parent("shell")
+        self.reasserted = 0
+        self._active = False
+
+    @classmethod
+    def for_current_kernel(cls) -> BusyGuard | None:
+        """A guard for the running IPython kernel, or None outside one."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return None
+        kernel = getattr(get_ipython(), "kernel", None)
+        if kernel is None or not callable(getattr(kernel, "_publish_status", None)):
+            return None
+        return cls(kernel)
+
+    def __enter__(self) -> BusyGuard:
+        kernel = self.kernel
+        original = kernel._publish_status
+        cell_id = (self.parent or {}).get("header", {}).get("msg_id")
+
+        def publish_status(status: str, channel: str, parent: Any = None) -> None:
+            original(status, channel, parent)
+            if status != "idle" or not self._active or not cell_id:
+                return
+            about = parent or kernel.get_parent(channel) or {}
+            if about.get("header", {}).get("msg_id") != cell_id:
+                self.reasserted += 1
+                original("busy", "shell", self.parent)
+
+        self._active = True
+        kernel._publish_status = publish_status
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active = False
+        # the instance attribute shadowed the method: removing it restores the original
+        self.kernel.__dict__.pop("_publish_status", None)

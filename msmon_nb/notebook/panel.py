@@ -1,49 +1,52 @@
-"""The live panel: an ipywidgets box drawn by the kernel itself while the cell trains.
+"""The panel: charts, counters, alerts and controls for one run, drawn by the browser.
 
-Built once; afterwards only widget values change (no clear_output, so nothing flickers
-in VSCode). It hooks the Monitor's step boundaries: there it processes pending widget
-messages (pause, stop, frequency, display options) at most every ``pump_secs``, updates
-the counters (cheap HTML) at most every ``refresh`` seconds, and redraws the charts at
-most every ``refresh`` seconds, within a drawing budget of ``budget`` (1 %) of wall
-time counted over the whole cell: a draw may start only when the drawing done so far
-plus 1.5 x its expected cost fits in ``budget`` x elapsed time. A blit is expected to
-cost what the last one did; a re-layout is priced by the renderer (per axes that must
-change) and refused when the spare budget cannot pay for it, in which case the panel
-comes back when it can. Only the first chart is exempt, so the user sees the curves
-``first_draw`` seconds in; it is charged to the budget all the same. The figure is built
-before training starts (``warm_up``, for the tags the monitor's config will produce),
-outside that budget. The clock is injectable so tests are deterministic.
+The kernel does not draw while a cell trains. At step boundaries (``on_boundary``) it
+handles pending widget messages (pause, stop, frequency: the kernel is busy running the
+cell, see ``kernel_events``) at most every ``pump_secs``, and at most every ``refresh``
+seconds sends one comm message holding the status numbers and, per chart, the points
+recorded since the previous message (``PointStream``: min/max-decimated, bounded). The
+browser (``static/panel.js``) keeps and draws them; smoothing, log/linear, hover and zoom
+never reach the kernel.
+
+matplotlib keeps three jobs: the picture written into the cell's output when the cell
+ends (saved notebooks, nbconvert and GitHub show it), the picture of ``mm.show(run)``,
+and the fallback when the front end did not load our widget code: its first render says
+"hello" over the comm; without that within ``ack_timeout`` seconds of display the panel
+says so once and draws PNGs in the kernel instead, at most ``budget`` of wall time.
+The clock is injectable so tests are deterministic.
 """
 
 from __future__ import annotations
 
-import html
-import math
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from msmon_nb.notebook.render import ChartRenderer, RenderOptions
+from msmon_nb.notebook.render import LOG_BY_DEFAULT, ChartRenderer, RenderOptions, plan_charts
 from msmon_nb.notebook.snapshots_view import snapshots_html
+from msmon_nb.notebook.stream import PointStream
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
 
-TYPICAL_BLIT = 0.03  # seconds: a redraw whose axes limits hold (bench/panel.py)
-HORIZON = 60.0  # seconds of steps the x axis has room for at least (a re-layout of
-# every axes costs ~0.2 s, which the 1 % budget pays for only every 20 s)
-PLAN = 0.9  # plan to spend 90 % of the budget: a draw can cost more than expected
-SAFETY = 1.5  # plan draws as if they cost this much more: costs vary from draw to draw
-_SEVERITY_COLORS = {"critical": "#b71c1c", "warning": "#e65100", "info": "#1565c0"}
+log = logging.getLogger(__name__)
+
+ACK_TIMEOUT = 3.0  # seconds without the page's hello before falling back to PNGs
 
 
-def _fmt_secs(secs: float) -> str:
-    secs = int(secs)
-    return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+def alert_dict(alert: Any) -> dict[str, Any]:
+    """An alert (object or dict read from disk) as the plain dict the page shows."""
+    data = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
+    return {
+        key: data.get(key)
+        for key in ("kind", "severity", "message", "step", "since_step", "tag", "rank")
+    }
 
 
 class Panel:
-    """Charts, counters, alerts and controls for one run (live or finished)."""
+    """One panel: a live one follows a Monitor, a static one shows series it is given."""
 
     def __init__(
         self,
@@ -52,103 +55,71 @@ class Panel:
         *,
         refresh: float = 0.5,
         budget: float = 0.01,
-        first_draw: float = 1.0,
         pump_secs: float = 0.05,
+        ack_timeout: float = ACK_TIMEOUT,
         live: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        import ipywidgets as w
+        from msmon_nb.notebook.widget import PanelWidget
 
         self.refresh = refresh
         self.budget = budget
-        self.first_draw = first_draw
         self.pump_secs = pump_secs
+        self.ack_timeout = ack_timeout
         self.clock = clock
         self.live = live
-        self.renderer = ChartRenderer(RenderOptions(headroom=1.5 if live else 1.0))
+        self.widget = PanelWidget(self._on_page, title=title, run_dir=str(run_dir or ""), live=live)
+        self.stream = PointStream()
         self.monitor: Monitor | None = None
         self.pump: Any = None
-        self.draw_time = 0.0
-        self.draws = 0
+        self.handle: Any = None
+        self.state = "running" if live else "finished"
+        self.note = ""  # extra status text (a static run's point count...)
+        self.acked = False
+        self.fallback = False
+        self.messages = 0
+        self.bytes_sent = 0
+        self.kernel_time = 0.0  # seconds spent in on_boundary (pump excluded) and sends
+        self.png_time = 0.0
+        self._series: Mapping[str, Any] = {}
+        self._alerts: list[Any] = []
+        self._snapshots: list[Any] = []
+        self._charts: list[dict[str, Any]] = []
+        self._chart_keys: list[str] = []
+        self._planned_for: tuple[int, int] = (-1, -1)
+        self._charts_changed = False
+        self._alerts_sent = -1
+        self._snapshots_sent = -1
         self._started = clock()
-        self._next_draw = 0.0
-        self._cost_fast = TYPICAL_BLIT  # the last blit's cost, seconds
-        self._rate_mark: tuple[float, int] | None = None  # (time, steps) for the step rate
-        self._next_status = 0.0
+        self._displayed_at: float | None = None
         self._last_pump = -1e9
-        self._drawn_version = -1
-        self._dirty = not live  # a live panel's first chart waits for first_draw
-        self._status = "running" if live else "finished"
-        self._snapshots_shown = 0
+        self._next_send = 0.0
+        self._next_png = 0.0
+        self._rate_mark: tuple[float, int] | None = None
+        self._rate = 0.0
+        self._lock = threading.RLock()
 
-        self.title = w.HTML(f"<b>msmon</b> &middot; {html.escape(title)}")
-        self.status = w.HTML()
-        self.image = w.Image(format="png", layout=w.Layout(width="100%", max_width="900px"))
-        self.alerts = w.HTML()
-        self.snapshots = w.HTML()
-        where = html.escape(str(run_dir)) if run_dir else ""
-        self.footer = w.HTML(
-            f"<span style='color:#666;font-size:90%'>run dir: <code>{where}</code></span>"
-            if run_dir
-            else ""
-        )
-        self.pause_button = w.ToggleButton(
-            description="Pause", icon="pause", tooltip="pause at the next step"
-        )
-        self.stop_button = w.Button(
-            description="Stop",
-            icon="stop",
-            button_style="danger",
-            tooltip="end the loop at the next step",
-        )
-        self.freq = w.BoundedIntText(
-            value=1,
-            min=1,
-            max=10**9,
-            description="collect every",
-            layout=w.Layout(width="190px"),
-            style={"description_width": "initial"},
-        )
-        self.smooth = w.FloatSlider(
-            value=0.0,
-            min=0.0,
-            max=0.99,
-            step=0.01,
-            description="smoothing",
-            readout_format=".2f",
-            layout=w.Layout(width="260px"),
-        )
-        self.scale = w.Dropdown(
-            options=["auto", "log", "linear"],
-            value="auto",
-            description="y axis",
-            layout=w.Layout(width="150px"),
-            style={"description_width": "initial"},
-        )
-        controls = [self.pause_button, self.stop_button, self.freq] if live else []
-        self.pause_button.observe(self._on_pause, names="value")
-        self.stop_button.on_click(self._on_stop)
-        self.freq.observe(self._on_freq, names="value")
-        self.smooth.observe(self._on_display, names="value")
-        self.scale.observe(self._on_display, names="value")
-        self.widget = w.VBox(
-            [
-                w.HBox([self.title, self.status]),
-                w.HBox([*controls, self.smooth, self.scale]),
-                self.image,
-                self.alerts,
-                self.snapshots,
-                self.footer,
-            ]
-        )
+    # --- data sources -----------------------------------------------------------------
 
-    # --- wiring to a Monitor --------------------------------------------------------------
+    def set_data(
+        self,
+        series: Mapping[str, Any],
+        alerts: list[Any] | None = None,
+        snapshots: list[Any] | None = None,
+    ) -> None:
+        """Show ``series`` (key -> object with ``steps``/``values``), alerts, snapshots."""
+        with self._lock:
+            if self.stream.shrank(series):
+                self.stream.reset()
+            self._series = series
+            self._alerts = list(alerts or [])
+            self._snapshots = list(snapshots or [])
 
     def attach(self, monitor: Monitor, pump: Any = None) -> None:
-        """Follow ``monitor``: redraw and process widget events at its step boundaries."""
+        """Follow ``monitor``: send updates and handle page messages at its step boundaries."""
         self.monitor = monitor
         self.pump = pump
-        self.freq.value = monitor.collect_freq
+        self._series = monitor.series
         monitor.add_boundary_hook(self.on_boundary)
 
     def detach(self) -> None:
@@ -156,197 +127,219 @@ class Panel:
         if self.monitor is not None:
             self.monitor.remove_boundary_hook(self.on_boundary)
 
-    def _on_pause(self, change: Mapping[str, Any]) -> None:
-        if self.monitor is None:
+    def display(self) -> None:
+        """Put the panel in the cell's output (its display can be updated later)."""
+        from IPython.display import display
+
+        self.handle = display(self.widget.bundle(), raw=True, display_id=True)
+        self._displayed_at = self.clock()
+        self.send(reset=True)
+
+    # --- page messages ------------------------------------------------------------------
+
+    def _on_page(self, content: dict[str, Any]) -> None:
+        kind = content.get("type")
+        monitor = self.monitor
+        if kind == "hello":
+            self.acked = True
+            if self.fallback:  # the page did load after all: back to the live view
+                self.fallback = False
+                if self.handle is not None:
+                    self.handle.update(self.widget.bundle(), raw=True)
+            self.send(reset=True)
             return
-        if change["new"]:
-            self.monitor.pause()
-            self.pause_button.description, self.pause_button.icon = "Resume", "play"
-            self._status = "paused"
+        if monitor is None or not self.live:
+            return
+        if kind == "pause":
+            monitor.pause()
+            self.state = "paused"
+        elif kind == "resume":
+            monitor.resume()
+            self.state = "running"
+        elif kind == "stop":
+            monitor.stop()
+            self.state = "stopping"
+        elif kind == "freq":
+            value = content.get("value")
+            if isinstance(value, int) and value >= 1:
+                monitor.set_collect_freq(value)
         else:
-            self.monitor.resume()
-            self.pause_button.description, self.pause_button.icon = "Pause", "pause"
-            self._status = "running"
-        self._dirty = True
+            return
+        self._next_send = 0.0  # the user waits for the answer
 
-    def _on_stop(self, _button: Any) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
-            self._status = "stopping"
-            self.stop_button.disabled = True
-            self._dirty = True
-
-    def _on_freq(self, change: Mapping[str, Any]) -> None:
-        if self.monitor is not None and change["new"] != self.monitor.collect_freq:
-            self.monitor.set_collect_freq(int(change["new"]))
-            self._dirty = True
-
-    def _on_display(self, _change: Mapping[str, Any]) -> None:
-        self.renderer.options.smooth = float(self.smooth.value)
-        self.renderer.options.scale = str(self.scale.value)
-        self._dirty = True
-        if not self.live or self.monitor is None:
-            self.redraw_now()
-
-    # --- drawing ------------------------------------------------------------------------
+    # --- step boundaries ------------------------------------------------------------------
 
     def on_boundary(self, monitor: Monitor) -> None:
-        """Step-boundary hook: widget events first, then a redraw if one is due."""
+        """Step-boundary hook: page messages first, then an update if one is due."""
         now = self.clock()
         if self.pump is not None and now - self._last_pump >= self.pump_secs:
             self._last_pump = now
             self.pump.pump()
-        if self._rate_mark is None:  # the first step (compilation) is over
-            self._rate_mark = (now, monitor.step_count)
-        version = monitor.series.version
-        due = now >= self._next_draw and now - self._started >= self.first_draw
-        if self._dirty:
-            self.redraw_now()  # the user changed a control: they wait for the answer
-        elif due and version != self._drawn_version:
-            spare = PLAN * self.budget * (now - self._started) - self.draw_time
-            if self._drawn_version < 0:  # the first chart is not made to wait
-                self.redraw_now()
-            elif spare >= SAFETY * self._cost_fast:
-                self.redraw_now(layout_budget=spare / SAFETY - self._cost_fast)
-        elif now >= self._next_status:
-            self._update_status()
-
-    def redraw_now(self, layout_budget: float = math.inf) -> None:
-        """Draw charts and counters now (or only counters, when the charts need a
-        re-layout dearer than ``layout_budget`` seconds); charge the time to the budget."""
-        monitor = self.monitor
-        t0 = self.clock()
-        layouts_before = self.renderer.full_draws
-        drawn = True
-        if monitor is not None:
-            drawn = self.show_series(
-                monitor.series,
-                monitor.alerts,
-                self._expected_step(),
-                monitor.snapshots,
-                layout_budget=layout_budget,
-            )
-            if drawn:
-                self._drawn_version = monitor.series.version
-        self._update_status()
-        now = self.clock()
-        cost = now - t0
-        self.draw_time += cost
-        self._dirty = False
-        self._next_draw = now + self.refresh
-        if not drawn:  # come back when that re-layout fits the budget
-            need = self.draw_time + SAFETY * self.renderer.refused_cost
-            self._next_draw = max(self._next_draw, self._started + need / (PLAN * self.budget))
+            now = self.clock()
+        if now < self._next_send:
             return
-        self.draws += 1
-        if self.renderer.full_draws == layouts_before:
-            self._cost_fast = cost
+        if self._ack_overdue(now):
+            self._start_fallback()
+        self._alerts = monitor.alerts
+        self._snapshots = monitor.snapshots
+        self.send()
+        if self.fallback and now >= self._next_png:
+            self._draw_png()
+        self._next_send = now + self.refresh
+        self.kernel_time += self.clock() - now
 
-    def _expected_step(self) -> float | None:
-        """The step the run should reach after as long again as it has run (>= 60 s more).
+    def _ack_overdue(self, now: float) -> bool:
+        shown = self._displayed_at
+        if self.acked or self.fallback or shown is None:
+            return False
+        return now - shown >= self.ack_timeout
 
-        Sizing the x axis for that long keeps full re-layouts (the costly redraws) to
-        about one per doubling of the run's age. The rate is measured since the previous
-        draw, or since the first step ended (its time is mostly MindSpore compiling).
-        """
+    def _status(self) -> dict[str, Any]:
         monitor = self.monitor
         now = self.clock()
-        elapsed = now - self._started
-        if monitor is None or monitor.last_step is None or elapsed <= 0:
-            return None
-        rate = monitor.step_count / elapsed
-        mark = self._rate_mark
-        if mark is not None and now - mark[0] > 0.2 and monitor.step_count > mark[1]:
-            rate = max(rate, (monitor.step_count - mark[1]) / (now - mark[0]))
-            self._rate_mark = (now, monitor.step_count)
-        return monitor.last_step + rate * max(elapsed, HORIZON)
-
-    def show_series(
-        self,
-        series: Mapping[str, Any],
-        alerts: list[Any],
-        expect_step: float | None = None,
-        snapshots: list[Any] | None = None,
-        layout_budget: float = math.inf,
-    ) -> bool:
-        """Draw ``series`` (tag -> steps/values), the alert strip and the snapshot table.
-
-        False when the charts were left as they were (a re-layout was not allowed).
-        """
-        drawn = True
-        if series:
-            png = self.renderer.render(series, expect_step, layout_budget=layout_budget)
-            if png is None:
-                drawn = False
-            else:
-                self.image.value = png
-        self.alerts.value = _alerts_html(alerts, self.renderer.first_nonfinite())
-        if snapshots is not None and len(snapshots) != self._snapshots_shown:
-            self._snapshots_shown = len(snapshots)
-            self.snapshots.value = snapshots_html(snapshots)
-        return drawn
-
-    def warm_up(self) -> None:
-        """Build the figure and draw it once, before the loop starts (not budgeted).
-
-        The figure is built for the tags the attached monitor will record, so the first
-        chart with data needs only a re-layout, not a new figure, inside the budget.
-        """
-        from msmon_nb.metrics.series import Series
-
-        tags = self.monitor.expected_tags() if self.monitor is not None else []
-        self.image.value = self.renderer.render({tag: Series() for tag in tags})
-        self._update_status()
-
-    def _update_status(self) -> None:
-        self._next_status = self.clock() + self.refresh
-        monitor = self.monitor
+        status: dict[str, Any] = {"state": self.state, "live": self.live, "note": self.note}
         if monitor is None:
+            status["step"] = _last_step(self._series)
+            return status
+        count = monitor.step_count
+        mark = self._rate_mark
+        if mark is None or count < mark[1]:
+            self._rate_mark = (now, count)
+        elif now - mark[0] >= 1.0:  # steps/s over the last second or more
+            self._rate = (count - mark[1]) / (now - mark[0])
+            self._rate_mark = (now, count)
+        status.update(
+            step=monitor.last_step,
+            elapsed=now - self._started,
+            rate=self._rate,
+            freq=monitor.collect_freq,
+            paused=monitor.paused,
+        )
+        if monitor.paused and self.state == "running":
+            status["state"] = "paused"
+        return status
+
+    def _plan(self) -> None:
+        series = self._series
+        sizes = (len(series), id(series))
+        if sizes == self._planned_for:
             return
-        elapsed = self.clock() - self._started
-        steps = monitor.step_count
-        rate = steps / elapsed if elapsed > 0 else 0.0
-        last = "-" if monitor.last_step is None else str(monitor.last_step)
-        color = {"running": "#2e7d32", "paused": "#e65100", "finished": "#555"}.get(
-            self._status, "#b71c1c"
+        self._planned_for = sizes
+        tags = list(series)
+        if self.monitor is not None:
+            tags += [t for t in self.monitor.expected_tags() if t not in series]
+        charts = [
+            {
+                "title": chart.title,
+                "keys": list(chart.tags),
+                "log": any(k.split("@", 1)[0] in LOG_BY_DEFAULT for k in chart.tags),
+            }
+            for chart in plan_charts(tags)
+        ]
+        if charts != self._charts:
+            self._charts = charts
+            self._chart_keys = [k for c in charts for k in c["keys"]]
+            self._charts_changed = True
+
+    def send(self, reset: bool = False) -> None:
+        """One message with everything new (everything, when ``reset``); thread-safe
+        (a follower thread and the kernel's main thread both send)."""
+        with self._lock:
+            self._send(reset)
+
+    def _send(self, reset: bool) -> None:
+        self._charts_changed = False
+        self._plan()
+        if reset:
+            self.stream.reset()
+        chunk = self.stream.take(self._series, self._chart_keys)
+        msg: dict[str, Any] = {
+            "type": "reset" if reset else "append",
+            "status": self._status(),
+            "keys": chunk.keys,
+            "nonfinite": chunk.nonfinite,
+        }
+        if reset or self._charts_changed:
+            msg["charts"] = self._charts
+        if reset or len(self._alerts) != self._alerts_sent:
+            self._alerts_sent = len(self._alerts)
+            msg["alerts"] = [alert_dict(a) for a in self._alerts]
+        if reset or len(self._snapshots) != self._snapshots_sent:
+            self._snapshots_sent = len(self._snapshots)
+            msg["snapshots_html"] = snapshots_html(self._snapshots) if self._snapshots else ""
+        self.widget.send(msg, chunk.buffers)
+        self.messages += 1
+        self.bytes_sent += chunk.nbytes
+
+    # --- matplotlib: fallback and the final picture -------------------------------------
+
+    def _start_fallback(self) -> None:
+        self.fallback = True
+        print(
+            f"msmon: the front end did not load the panel's widget code within "
+            f"{self.ack_timeout:g} s (no widget support here, or anywidget is missing "
+            "from the front end); drawing the charts as images in the kernel instead"
         )
-        self.status.value = (
-            f"&nbsp;<span style='color:{color};font-weight:bold'>{self._status}</span>"
-            f" &middot; step {last} &middot; {_fmt_secs(elapsed)} &middot; {rate:.1f} steps/s"
-            f" &middot; every {monitor.collect_freq} steps"
-        )
+
+    def render_png(self, final: bool = False) -> bytes | None:
+        """The charts as a PNG (matplotlib), or None when there is nothing to draw."""
+        if not self._series:
+            return None
+        self._plan()
+        renderer = ChartRenderer(RenderOptions(headroom=1.0 if final else 1.5))
+        tags = {k: self._series[k] for k in self._chart_keys if k in self._series}
+        return renderer.render(tags or dict(self._series))
+
+    def _draw_png(self) -> None:
+        t0 = self.clock()
+        png = self.render_png()
+        if png is not None and self.handle is not None:
+            self.handle.update(_png_bundle(png, self.widget.title), raw=True)
+        cost = self.clock() - t0
+        self.png_time += cost
+        # spend at most ``budget`` of wall time on kernel-side drawing
+        self._next_png = self.clock() + max(self.refresh, cost / self.budget)
 
     def finish(self, status: str) -> None:
-        """Final draw with the run's end status; controls are disabled."""
-        self._status = status
+        """Final update with the run's end status and the static picture in the output."""
+        self.state = status
+        self.live = False
         self.detach()
-        for control in (self.pause_button, self.stop_button, self.freq):
-            control.disabled = True
-        self.renderer.tighten()
-        self.redraw_now()
+        if self.monitor is not None:
+            self._alerts = self.monitor.alerts
+            self._snapshots = self.monitor.snapshots
+        self.send()
+        self.widget.live = False
+        try:
+            self.widget.static_png = self.render_png(final=True)
+        except Exception:  # the picture is a courtesy; the training is done
+            log.warning("msmon: could not draw the final panel picture", exc_info=True)
+        if self.handle is not None:
+            if self.fallback and self.widget.static_png is not None:
+                self.handle.update(_png_bundle(self.widget.static_png, self.widget.title), raw=True)
+            else:
+                self.handle.update(self.widget.bundle(), raw=True)
 
     @property
-    def drawing_fraction(self) -> float:
-        """Share of wall time spent drawing since the panel was made."""
+    def kernel_fraction(self) -> float:
+        """Share of wall time the kernel spent on this panel since it was made."""
         elapsed = self.clock() - self._started
-        return self.draw_time / elapsed if elapsed > 0 else 0.0
+        return self.kernel_time / elapsed if elapsed > 0 else 0.0
 
 
-def _alerts_html(alerts: list[Any], nonfinite: Mapping[str, int]) -> str:
-    items = []
-    for tag, step in sorted(nonfinite.items(), key=lambda kv: kv[1]):
-        items.append(
-            f"<li style='color:{_SEVERITY_COLORS['critical']}'><b>NaN/Inf</b> in "
-            f"<code>{html.escape(tag)}</code> since step {step}</li>"
-        )
-    for alert in alerts:
-        data = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
-        color = _SEVERITY_COLORS.get(str(data.get("severity")), "#333")
-        since = data.get("since_step", data.get("step"))
-        items.append(
-            f"<li style='color:{color}'><b>{html.escape(str(data.get('kind')))}</b> since step "
-            f"{since}: {html.escape(str(data.get('message', '')))}</li>"
-        )
-    if not items:
-        return "<span style='color:#2e7d32;font-size:90%'>no alerts</span>"
-    return "<ul style='margin:2px 0;padding-left:18px;font-size:90%'>" + "".join(items) + "</ul>"
+def _last_step(series: Mapping[str, Any]) -> int | None:
+    last = None
+    for s in series.values():
+        steps = s.steps
+        if len(steps):
+            last = int(steps[-1]) if last is None else max(last, int(steps[-1]))
+    return last
+
+
+def _png_bundle(png: bytes, title: str) -> dict[str, Any]:
+    import base64
+
+    return {
+        "text/plain": f"msmon panel: {title}",
+        "image/png": base64.b64encode(png).decode("ascii"),
+    }

@@ -48,17 +48,18 @@ class NotebookSession:
             overrides["break_on"] = break_on
         if overrides:
             config = config.replace(**overrides)
-        monitor = Monitor(config)
-        self.last_monitor = monitor
-        view = self._panel(monitor, refresh) if panel else None
-        self.last_panel = view
-        result = None
-        try:
-            with monitor, monitor.watch():
-                result = body()
-        finally:
-            if view is not None:
-                view.finish(monitor.status if monitor.status != "running" else "interrupted")
+        with _busy_guard():
+            monitor = Monitor(config)
+            self.last_monitor = monitor
+            view = self._panel(monitor, refresh) if panel else None
+            self.last_panel = view
+            result = None
+            try:
+                with monitor, monitor.watch():
+                    result = body()
+            finally:
+                if view is not None:
+                    view.finish(monitor.status if monitor.status != "running" else "interrupted")
         if monitor.status == "stopped":
             print(
                 f"msmon: stopped at step {monitor.last_step}; run marked stopped: {monitor.run_dir}"
@@ -67,8 +68,6 @@ class NotebookSession:
 
     @staticmethod
     def _panel(monitor: Monitor, refresh: float) -> Any:
-        from IPython.display import display
-
         from msmon_nb.notebook.kernel_events import KernelEventPump
         from msmon_nb.notebook.panel import Panel
 
@@ -81,8 +80,7 @@ class NotebookSession:
                 stacklevel=3,
             )
         view.attach(monitor, pump)
-        display(view.widget)
-        view.warm_up()
+        view.display()
         return view
 
     # --- line magic -----------------------------------------------------------------------
@@ -135,6 +133,14 @@ class NotebookSession:
         return None
 
 
+def _busy_guard() -> Any:
+    from contextlib import nullcontext
+
+    from msmon_nb.notebook.kernel_events import BusyGuard
+
+    return BusyGuard.for_current_kernel() or nullcontext()
+
+
 SESSION = NotebookSession()
 
 
@@ -155,6 +161,7 @@ def show(run: Any, follow: bool = False, rank: int | None = None) -> Any:
     cell's result).
     """
     from msmon_nb.events.runs import Run, load_run
+    from msmon_nb.notebook.follow import run_series
     from msmon_nb.notebook.panel import Panel
 
     if isinstance(run, Monitor):
@@ -165,18 +172,15 @@ def show(run: Any, follow: bool = False, rank: int | None = None) -> Any:
         from msmon_nb.notebook.follow import follow_run
 
         return follow_run(run)
-    from msmon_nb.notebook.follow import run_series
-
     view = Panel(run.name, str(run.path), live=False)
     if rank is None:
         series, alerts = run_series(run)
     else:
         series = {tag: run.scalars(tag, rank=rank) for tag in run.tags(rank=rank)}
         alerts = [a for a in run.alerts if a.get("rank") in (None, rank)]
-    view.show_series(series, alerts, snapshots=run.snapshots)
-    last = run.last_step
-    view.status.value = (
-        f"&nbsp;<b>{run.status}</b> &middot; last step {last} &middot; "
-        f"{run.num_points} points &middot; {Path(run.path).name}"
-    )
+    view.set_data(series, alerts, run.snapshots)
+    view.state = run.status
+    view.note = f"{run.num_points} points · {Path(run.path).name}"
+    view.widget.static_png = view.render_png(final=True)
+    view.widget.panel = view  # the Panel behind the widget, for code that inspects it
     return view.widget

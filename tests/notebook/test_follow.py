@@ -45,13 +45,23 @@ def test_follow_tails_every_rank_with_lines_and_band(tmp_path):
         while not (run_dir / "rank_1").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.3)
-        follower = Follower(load_run(run_dir), interval=0.2).start()
+        follower = Follower(load_run(run_dir), interval=0.2)
+        sent = []  # what the page would receive: every message the widget sends
+        follower.panel.widget.send = lambda msg, buffers=None: sent.append((msg, buffers))
+        follower.start()
         first = follower.run.rank_last_step()
         time.sleep(1.5)
         assert follower.updates >= 3, "the thread should redraw while the run grows"
         later = follower.run.rank_last_step()
         assert later[0] > first[0] and later[1] > first[1]
-        assert len(follower.panel.image.value) > 1000
+        keys = {key for msg, _ in sent for key in msg["keys"]}
+        assert {"train/loss@rank0", "train/loss@rank1", "train/loss@min"} <= keys
+        steps_sent = [
+            np.frombuffer(buffers[2 * msg["keys"].index("train/loss@rank1")], "<f8")
+            for msg, buffers in sent
+            if "train/loss@rank1" in msg["keys"]
+        ]
+        assert np.concatenate(steps_sent).max() >= later[1] - 1
     finally:
         for proc in procs:
             proc.wait(60)
@@ -70,4 +80,5 @@ def test_follow_tails_every_rank_with_lines_and_band(tmp_path):
         ),
         rtol=1e-6,
     )
-    assert "running" in follower.panel.status.value or "finished" in follower.panel.status.value
+    assert follower.panel.state == "finished"
+    assert sent[-1][0]["status"]["state"] == "finished"

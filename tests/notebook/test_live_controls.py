@@ -18,13 +18,14 @@ for step in range(2000):
 
 
 class KernelDriver:
-    """Reads IOPub, tracks widget models, sends comm messages like a front end."""
+    """Reads IOPub, finds the panel's widget, sends its messages like the page does."""
 
     def __init__(self, kc):
         self.kc = kc
-        self.models = {}  # comm_id -> state
-        self.status_html = ""
+        self.panel = None  # comm id of the panel's widget
+        self.status = {}
         self.reply = None
+        self.idle_mid_cell = 0
 
     def pump(self, seconds):
         end = time.monotonic() + seconds
@@ -35,33 +36,28 @@ class KernelDriver:
                 continue
             kind = msg["msg_type"]
             content = msg["content"]
-            if kind == "comm_open":
-                self.models[content["comm_id"]] = dict(content["data"].get("state", {}))
-            elif kind == "comm_msg" and content["data"].get("method") == "update":
-                state = content["data"].get("state", {})
-                self.models.setdefault(content["comm_id"], {}).update(state)
-                if "steps/s" in str(state.get("value", "")):
-                    self.status_html = state["value"]
+            if kind == "comm_open" and "_anywidget_id" in content["data"].get("state", {}):
+                self.panel = content["comm_id"]
+            elif kind == "comm_msg" and content["data"].get("method") == "custom":
+                self.status = content["data"]["content"].get("status") or self.status
+            elif (
+                kind == "status"
+                and content["execution_state"] == "idle"
+                and msg["parent_header"].get("msg_type") != "execute_request"
+            ):
+                self.idle_mid_cell += 1
         try:
             self.reply = self.kc.get_shell_msg(timeout=0.01)
         except queue.Empty:
             pass
 
-    def find(self, model, description=None):
-        for comm_id, state in self.models.items():
-            if state.get("_model_name") == model and (
-                description is None or state.get("description") == description
-            ):
-                return comm_id
-        raise AssertionError(f"no {model} {description} among {len(self.models)} widgets")
-
-    def send(self, comm_id, data):
-        msg = self.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
+    def send(self, content):
+        data = {"method": "custom", "content": content}
+        msg = self.kc.session.msg("comm_msg", {"comm_id": self.panel, "data": data})
         self.kc.shell_channel.send(msg)
 
     def step(self):
-        text = self.status_html.split("step ", 1)[1].split(" ", 1)[0]
-        return int(text) if text.isdigit() else -1
+        return self.status.get("step") if self.status.get("step") is not None else -1
 
     def wait_for(self, predicate, timeout=30):
         end = time.monotonic() + timeout
@@ -69,7 +65,7 @@ class KernelDriver:
             self.pump(0.2)
             if predicate():
                 return
-        raise AssertionError(f"timed out; status: {self.status_html}")
+        raise AssertionError(f"timed out; status: {self.status}")
 
 
 @pytest.fixture
@@ -87,25 +83,24 @@ def test_pause_frequency_and_stop_reach_the_running_cell(kernel, tmp_path):
     assert reply["content"]["status"] == "ok"
     driver = KernelDriver(kernel)
     kernel.execute(CELL.format(base=tmp_path))
-    driver.wait_for(lambda: driver.status_html and driver.step() >= 20)
+    driver.wait_for(lambda: driver.panel and driver.step() >= 20)
 
-    pause = driver.find("ToggleButtonModel", "Pause")
-    driver.send(pause, {"method": "update", "state": {"value": True}, "buffer_paths": []})
-    driver.wait_for(lambda: "paused" in driver.status_html)
+    driver.send({"type": "pause"})
+    driver.wait_for(lambda: driver.status.get("paused"))
     held = driver.step()
     driver.pump(1.5)
     assert driver.step() == held, "the loop kept stepping while paused"
 
-    freq = driver.find("BoundedIntTextModel")
-    driver.send(freq, {"method": "update", "state": {"value": 7}, "buffer_paths": []})
-    driver.wait_for(lambda: "every 7 steps" in driver.status_html)
-    driver.send(pause, {"method": "update", "state": {"value": False}, "buffer_paths": []})
+    driver.send({"type": "freq", "value": 7})
+    driver.wait_for(lambda: driver.status.get("freq") == 7)
+    driver.send({"type": "resume"})
     driver.wait_for(lambda: driver.step() >= held + 30)
 
-    stop = driver.find("ButtonModel", "Stop")
-    driver.send(stop, {"method": "custom", "content": {"event": "click"}})
+    driver.send({"type": "stop"})
     driver.wait_for(lambda: driver.reply is not None, timeout=60)
     assert driver.reply["content"]["status"] == "ok"
+    assert driver.status["state"] == "stopped"
+    assert driver.idle_mid_cell == 0, "handling the page's messages published idle"
 
     run = load_run(tmp_path / "live")
     assert run.status == "stopped"

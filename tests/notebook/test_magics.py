@@ -56,6 +56,10 @@ def widget_views(cell):
     ]
 
 
+def pictures(cell):
+    return [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "model_train.ipynb"])
 def test_shipped_notebooks_execute(tmp_path, name):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
@@ -70,6 +74,7 @@ def test_shipped_notebooks_execute(tmp_path, name):
         c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%msmonitor")
     )
     assert widget_views(monitored), "the monitored cell should display the panel"
+    assert pictures(monitored), "the saved notebook should keep a picture of the panel"
     assert len(run.scalars("train/loss").steps) == 80
     assert np.all(run.scalars("train/grad_norm").values > 0)
     if name == "quickstart.ipynb":
@@ -163,12 +168,28 @@ def test_show_draws_a_mindspore_written_run(tmp_path):
         "        sr.add_value('scalar', 'loss', ms.Tensor(np.float32(1.0 / s)))\n"
         "        sr.record(s)\n"
         f"w = mm.show({str(tmp_path / 'ms_run')!r})\n"
-        "print(len(w.children[2].value) > 1000, 'finished' in w.children[0].children[1].value)\n"
+        "print(len(w.static_png) > 1000, w.panel.state)\n"
         "w"
     )
     nb = run_cells([SETUP, code], tmp_path)
-    assert "True True" in text_of(nb.cells[1])
-    assert widget_views(nb.cells[1])
+    assert "True finished" in text_of(nb.cells[1])
+    assert widget_views(nb.cells[1]) and pictures(nb.cells[1])
+
+
+def test_without_a_widget_front_end_the_panel_falls_back_to_pictures(tmp_path):
+    """nbclient renders no widgets: no hello comes back, so after 3 s the kernel draws."""
+    nb = run_cells(
+        [
+            SETUP,
+            loop(f"%%msmonitor --dir {tmp_path} --run nofront", 120) + "\n    time.sleep(0.04)",
+        ],
+        tmp_path,
+    )
+    cell = nb.cells[1]
+    assert text_of(cell).count("did not load the panel's widget code within 3 s") == 1
+    shown = pictures(cell)
+    assert shown and not widget_views(cell)
+    assert len(shown[0]["data"]["image/png"]) > 10_000
 
 
 def test_config_file_option(tmp_path):

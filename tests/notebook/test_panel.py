@@ -1,4 +1,4 @@
-"""The panel without a kernel: throttling, back-off, controls, and spikes in the picture."""
+"""The panel without a kernel: what it sends the page, when, controls, fallback, pictures."""
 
 import io
 
@@ -9,6 +9,7 @@ from msmon_nb.metrics.series import Series
 from msmon_nb.monitor import Monitor
 from msmon_nb.notebook.panel import Panel
 from msmon_nb.notebook.render import ChartRenderer, RenderOptions
+from msmon_nb.notebook.stream import RESET_POINTS, PointStream
 
 
 class FakeClock:
@@ -19,39 +20,117 @@ class FakeClock:
         return self.now
 
 
-def test_redraws_throttled_and_backing_off(tmp_path):
+class Recorder:
+    """Keeps every message the widget would send to the page."""
+
+    def __init__(self, panel):
+        self.messages = []
+        panel.widget.send = lambda msg, buffers=None: self.messages.append((msg, buffers or []))
+
+    def points(self, key):
+        """All (steps, values) the page received for ``key``, in order."""
+        steps, values = [], []
+        for msg, buffers in self.messages:
+            if msg["type"] == "reset":
+                steps, values = [], []
+            if key in msg["keys"]:
+                i = msg["keys"].index(key)
+                steps.extend(np.frombuffer(buffers[2 * i], "<f8"))
+                values.extend(np.frombuffer(buffers[2 * i + 1], "<f8"))
+        return np.array(steps), np.array(values)
+
+
+def test_updates_throttled_to_refresh_and_only_new_points(tmp_path):
     clock = FakeClock()
     with Monitor(save_dir=str(tmp_path)) as mon:
-        panel = Panel("t", str(mon.run_dir), refresh=0.5, budget=0.01, clock=clock)
+        panel = Panel("t", str(mon.run_dir), refresh=0.5, clock=clock)
+        rec = Recorder(panel)
         panel.attach(mon)
-        real_render = panel.renderer.render
-
-        def slow_render(series, expect=None, **kwargs):
-            clock.now += 0.05  # every draw "costs" 50 ms
-            return real_render(series, expect, **kwargs)
-
-        panel.renderer.render = slow_render
-        for _ in range(100):  # 100 steps in 10 s
+        for i in range(100):  # 100 steps in 10 s
             clock.now += 0.1
-            mon.step(loss=1.0)
-        # each draw costs 50 ms, so at 1 % the next may come 5 s later: the first step and
-        # about one more in the 10 s, not one per 0.5 s
-        assert 1 <= panel.draws <= 3
-        assert panel.draw_time <= 0.01 * clock.now + 0.05
+            mon.step(loss=1.0 + i)
+    # one message per 0.5 s, not one per step
+    assert 18 <= len(rec.messages) <= 22
+    steps, values = rec.points("train/loss")
+    assert steps.tolist() == list(range(100))[: len(steps)] and len(steps) >= 95
+    np.testing.assert_array_equal(values, 1.0 + steps)
+    statuses = [msg["status"]["step"] for msg, _ in rec.messages]
+    assert statuses == sorted(statuses) and statuses[-1] >= 95
 
 
-def test_controls_drive_the_monitor(tmp_path):
+def test_page_messages_drive_the_monitor(tmp_path):
     with Monitor(save_dir=str(tmp_path)) as mon:
         panel = Panel("t", str(mon.run_dir))
+        rec = Recorder(panel)
         panel.attach(mon)
-        panel.pause_button.value = True
-        assert mon.paused and panel.pause_button.description == "Resume"
-        panel.pause_button.value = False
+        panel._on_page({"type": "pause"})
+        assert mon.paused and panel.state == "paused"
+        panel._on_page({"type": "resume"})
         assert not mon.paused
-        panel.freq.value = 9
+        panel._on_page({"type": "freq", "value": 9})
         assert mon.collect_freq == 9
-        panel.stop_button.click()
+        panel._on_page({"type": "freq", "value": 0})  # refused: not a valid frequency
+        assert mon.collect_freq == 9
+        panel._on_page({"type": "stop"})
         assert mon.stop_requested
+        mon.resume()
+        mon._stop_requested = False
+        panel._on_page({"type": "hello"})
+        assert panel.acked and rec.messages[-1][0]["type"] == "reset"
+        assert rec.messages[-1][0]["charts"][0]["keys"] == ["train/loss"]
+
+
+def test_no_hello_within_the_timeout_falls_back_to_pngs(tmp_path, capsys):
+    clock = FakeClock()
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        panel = Panel("t", str(mon.run_dir), refresh=0.5, ack_timeout=3.0, clock=clock)
+        Recorder(panel)
+        shown = []
+
+        class Handle:
+            def update(self, bundle, raw=False):
+                shown.append(bundle)
+
+        panel.handle = Handle()
+        panel._displayed_at = clock.now
+        panel.attach(mon)
+        for _ in range(20):  # 2 s: still waiting for the page
+            clock.now += 0.1
+            mon.step(loss=1.0)
+        assert not panel.fallback and not shown
+        for _ in range(20):
+            clock.now += 0.1
+            mon.step(loss=2.0)
+        assert panel.fallback
+        assert shown and "image/png" in shown[-1]
+        assert "application/vnd.jupyter.widget-view+json" not in shown[-1]
+        assert capsys.readouterr().out.count("did not load the panel's widget code") == 1
+        panel._on_page({"type": "hello"})  # a late page: back to the live view
+        assert not panel.fallback
+        assert "application/vnd.jupyter.widget-view+json" in shown[-1]
+
+
+def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
+    n = 1_000_000
+    values = np.ones(n)
+    values[777_777] = 50.0
+    values[900_000] = np.nan
+    s = Series()
+    s.extend(np.arange(n), values, np.zeros(n))
+    stream = PointStream(max_new=512)
+    chunk = stream.take({"train/loss": s})
+    steps = np.frombuffer(chunk.buffers[0], "<f8")
+    sent = np.frombuffer(chunk.buffers[1], "<f8")
+    assert len(steps) <= RESET_POINTS + 1
+    assert 50.0 in sent and steps[sent == 50.0][0] == 777_777
+    assert steps[-1] == n - 1
+    assert chunk.nonfinite == {"train/loss": [[900_000, "nan"]]}
+    # afterwards only what is new, however much arrived: bounded bytes per message
+    s.extend(np.arange(n, 2 * n), np.ones(n), np.zeros(n))
+    chunk = stream.take({"train/loss": s})
+    assert chunk.nbytes <= 2 * 8 * (512 + 1)
+    assert np.frombuffer(chunk.buffers[0], "<f8")[0] >= n
+    assert stream.take({"train/loss": s}).keys == []
 
 
 def test_spike_and_nan_are_visible_in_the_png():
@@ -82,7 +161,10 @@ def test_show_lists_snapshots_with_histograms(tmp_path):
         mon.step(loss=1.0)
         mon.snapshot({"fc1.weight": rng.normal(size=(20, 30)), "bad": np.array([1.0, np.nan])})
     widget = show(load_run(mon.run_dir))
-    table = widget.children[4].value
+    rec = Recorder(widget.panel)
+    widget.panel._on_page({"type": "hello"})
+    table = rec.messages[-1][0]["snapshots_html"]
+    assert "image/png" in widget._repr_mimebundle_()
     assert "data-snapshot='fc1.weight'" in table and "data-snapshot='bad'" in table
     assert table.count("<rect") > 10  # the histogram bars
     assert "1/0" in table  # NaN count of 'bad'

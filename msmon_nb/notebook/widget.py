@@ -1,0 +1,62 @@
+"""The panel's widget: an anywidget whose ES module (``static/panel.js``) draws the charts.
+
+The module ships inside this package with uPlot (MIT, ``static/uPlot.LICENSE``, version
+``UPLOT_VERSION``, taken unchanged from the npm package's ``dist/``) prepended to it, so
+the panel works offline and needs no JupyterLab extension build: anywidget loads it in
+JupyterLab 4, Notebook 7 and VSCode alike. Data travels as custom comm messages with
+binary buffers (see ``panel.js`` for the protocol); this class only moves them.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+STATIC = Path(__file__).resolve().parent / "static"
+UPLOT_VERSION = "1.6.32"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _joined(*names: str) -> str:
+    # multi-line text, so anywidget takes it as code, not as a file path to watch
+    return "\n".join((STATIC / name).read_text() for name in names)
+
+
+class PanelWidget(anywidget.AnyWidget):
+    """Front end of one panel. ``handler(content)`` receives the page's messages."""
+
+    # uPlot's IIFE build defines a module-scoped ``var uPlot``: no import map, no CDN
+    _esm = _joined("uPlot.iife.min.js", "panel.js")
+    _css = _joined("uPlot.min.css", "panel.css")
+    title = traitlets.Unicode("").tag(sync=True)
+    run_dir = traitlets.Unicode("").tag(sync=True)
+    live = traitlets.Bool(True).tag(sync=True)
+
+    def __init__(self, handler: Callable[[dict[str, Any]], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.static_png: bytes | None = None
+        self._handler = handler
+        self.on_msg(self._on_page_msg)
+
+    def _on_page_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict):
+            self._handler(content)
+
+    def bundle(self) -> dict[str, Any]:
+        """The display bundle: the live view, and the last static picture when there is
+        one (saved notebooks, nbconvert and GitHub show that)."""
+        data: dict[str, Any] = {
+            "text/plain": f"msmon panel: {self.title}",
+            WIDGET_MIME: {"version_major": 2, "version_minor": 1, "model_id": self.model_id},
+        }
+        if self.static_png is not None:
+            data["image/png"] = base64.b64encode(self.static_png).decode("ascii")
+        return data
+
+    def _repr_mimebundle_(self, **_kwargs: Any) -> dict[str, Any]:
+        return self.bundle()
