@@ -1,12 +1,13 @@
 """``msmon vscode init [DIR]``: put msmon's VSCode tasks, launch configs and settings in a project.
 
-The templates live in the repository's ``vscode/`` directory (JSON with comments, as
-VSCode writes them). A file the project lacks is copied verbatim, comments included. A file
-it has is never overwritten: the entries it lacks (tasks by label, launch configurations by
-name, settings by key, list items, extension ids) are merged in when the file is plain
-JSON (``inputs`` the tasks and configurations prompt for, by id, too); when it holds
-comments, rewriting it would drop them, so nothing is written and the message names what
-to add by hand.
+The templates ship inside the package, ``msmon_nb/vscode_templates/`` (JSON with comments,
+as VSCode writes them), so a wheel install has them; the repository's ``vscode/`` is a copy
+for readers, checked identical by a test. A file the project lacks is copied verbatim,
+comments included. A file it has is never overwritten: the entries it lacks (tasks by label,
+launch configurations by name, settings by key, list items, extension ids) are merged in
+when the file is plain JSON (``inputs`` the tasks and configurations prompt for, by id,
+too); when it holds comments, rewriting it would drop them, so nothing is written and the
+message names what to add by hand.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ _LISTS: dict[str, tuple[tuple[str, str | None], ...]] = {
 }
 
 
+TEMPLATE_DIR = Path(__file__).resolve().parent / "vscode_templates"
+
+
 def template_dir() -> Path:
-    """The ``vscode/`` templates next to the package (an editable or source install)."""
-    path = Path(__file__).resolve().parent.parent / "vscode"
-    if not (path / "tasks.json").is_file():
+    """The packaged templates; a clear error when an install lost its package data."""
+    missing = [name for name in TEMPLATES if not (TEMPLATE_DIR / name).is_file()]
+    if missing:
         raise FileNotFoundError(
-            f"msmon's VSCode templates are not at {path}: install msmon_nb from its source "
-            "tree (pip install -e .) to use `msmon vscode init`"
+            f"msmon's VSCode templates {', '.join(missing)} are missing from {TEMPLATE_DIR}: "
+            "this msmon_nb install lacks its package data; reinstall it "
+            "(pip install --force-reinstall msmon_nb)"
         )
-    return path
+    return TEMPLATE_DIR
 
 
 def _scan(text: str, drop_comments: bool, drop_trailing_commas: bool) -> str:

@@ -1,4 +1,8 @@
-"""``vscode/``: the files parse, their references resolve, their commands run from a shell."""
+"""The VSCode templates: they parse, their references resolve, their commands run from a shell.
+
+The packaged ``msmon_nb/vscode_templates/`` is the source of truth (a wheel install reads it);
+the repository's ``vscode/`` is a copy for readers and must match it byte for byte.
+"""
 
 import json
 import os
@@ -14,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from msmon_nb.cli import build_parser
-from msmon_nb.vscode_init import TEMPLATES, has_comments, parse_jsonc, template_dir
+from msmon_nb.vscode_init import TEMPLATE_DIR, TEMPLATES, has_comments, parse_jsonc, template_dir
 from tests.conftest import ROOT
 
-VSCODE = ROOT / "vscode"
+VSCODE = ROOT / "msmon_nb" / "vscode_templates"
 
 
 def load(name: str):
@@ -59,8 +63,19 @@ def shell_line(task: dict, project: Path, file: Path | None = None) -> str:
     )
 
 
-def test_templates_are_the_vscode_dir_and_all_parse():
-    assert template_dir() == VSCODE
+def test_repository_vscode_dir_is_the_packaged_templates():
+    copy = ROOT / "vscode"
+    assert sorted(p.name for p in VSCODE.iterdir()) == sorted(TEMPLATES)
+    assert sorted(p.name for p in copy.iterdir()) == sorted(TEMPLATES)
+    for name in TEMPLATES:
+        assert (copy / name).read_bytes() == (VSCODE / name).read_bytes(), (
+            f"vscode/{name} differs from msmon_nb/vscode_templates/{name}, the source of "
+            "truth: edit that one, then cp msmon_nb/vscode_templates/*.json vscode/"
+        )
+
+
+def test_templates_are_packaged_and_all_parse():
+    assert template_dir() == VSCODE == TEMPLATE_DIR
     for name in TEMPLATES:
         text = (VSCODE / name).read_text()
         assert has_comments(text), f"{name} explains itself"
@@ -351,3 +366,13 @@ def test_msrun_launch_preset_runs_from_a_shell(tmp_path):
     )
     job = run_job([sys.executable, "-m", preset["module"], *args], tmp_path, env)
     assert_two_rank_run(tmp_path, job)
+
+
+def test_init_names_the_fix_when_package_data_is_missing(tmp_path, monkeypatch, capsys):
+    import msmon_nb.vscode_init as vscode_init
+
+    monkeypatch.setattr(vscode_init, "TEMPLATE_DIR", tmp_path / "lost")
+    assert vscode_init.init(tmp_path / "project") == 1
+    err = capsys.readouterr().err
+    assert "tasks.json" in err and "reinstall" in err and "pip install -e" not in err
+    assert not (tmp_path / "project").exists()
