@@ -1,0 +1,248 @@
+"""The VSCode tasks in a real VS Code (code-server), driven by Playwright in headless Chromium.
+
+Not run in CI: code-server is not a Python dependency and its npm install builds native
+modules (about 3 minutes here). ``tests/vscode/install_code_server.sh DIR`` installs it; point
+``MSMON_CODE_SERVER`` at ``DIR/node_modules/.bin/code-server`` (or put code-server on PATH)
+and run ``pytest tests/vscode/test_code_server.py``; without it the test skips.
+
+The Python extension (``ms-python.python``) comes from the VS Code Marketplace or Open VSX,
+neither reachable here, so ``python_stub/`` stands in for the one command the tasks use,
+``python.interpreterPath``: it returns ``python.defaultInterpreterPath`` from the project's
+settings, which ``msmon vscode init`` sets to ``${workspaceFolder}/.venv/bin/python``.
+
+A ``preLaunchTask`` waits until its task is done; for ``msmon: clean + viewer`` that is when
+the viewer task's background problem matcher has seen its end pattern. The test adds a task
+that depends on ``msmon: clean + viewer`` and writes a file: VS Code starts it only after
+the matcher reported the viewer ready, exactly when a debug session would start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from msmon_nb.vscode_init import parse_jsonc
+
+HERE = Path(__file__).resolve().parent
+CODE_SERVER = os.environ.get("MSMON_CODE_SERVER") or shutil.which("code-server")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--headless=new", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]  # fmt: skip
+PROBE = "msmon test: after clean + viewer"
+USER_SETTINGS = {
+    "workbench.startupEditor": "none",
+    "workbench.tips.enabled": False,
+    "workbench.welcomePage.walkthroughs.openOnInstall": False,
+    "extensions.ignoreRecommendations": True,
+    "security.workspace.trust.enabled": False,
+    "task.autoDetect": "off",
+    "telemetry.telemetryLevel": "off",
+    "update.mode": "none",
+}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CODE_SERVER, reason="no code-server (MSMON_CODE_SERVER unset)"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stub_vsix(out: Path) -> Path:
+    """``python_stub/`` packed as a .vsix (a zip with a manifest), as ``vsce`` would."""
+    manifest = json.loads((HERE / "python_stub" / "package.json").read_text())
+    identity = (
+        f'<Identity Language="en-US" Id="{manifest["name"]}" Version="{manifest["version"]}" '
+        f'Publisher="{manifest["publisher"]}"/>'
+    )
+    vsixmanifest = (
+        '<?xml version="1.0" encoding="utf-8"?>\n<PackageManifest Version="2.0.0" '
+        'xmlns="http://schemas.microsoft.com/developer/vsx-schema/2011"><Metadata>'
+        f"{identity}<DisplayName>{manifest['displayName']}</DisplayName>"
+        '<Properties><Property Id="Microsoft.VisualStudio.Code.Engine" '
+        f'Value="{manifest["engines"]["vscode"]}"/></Properties></Metadata>'
+        '<Installation><InstallationTarget Id="Microsoft.VisualStudio.Code"/></Installation>'
+        '<Dependencies/><Assets><Asset Type="Microsoft.VisualStudio.Code.Manifest" '
+        'Path="extension/package.json" Addressable="true"/></Assets></PackageManifest>'
+    )
+    types = (
+        '<?xml version="1.0" encoding="utf-8"?><Types xmlns="http://schemas.openxmlformats.org/'
+        'package/2006/content-types"><Default Extension=".json" ContentType="application/json"/>'
+        '<Default Extension=".js" ContentType="application/javascript"/>'
+        '<Default Extension=".vsixmanifest" ContentType="text/xml"/></Types>'
+    )
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.writestr("extension.vsixmanifest", vsixmanifest)
+        zf.writestr("[Content_Types].xml", types)
+        for name in ("package.json", "extension.js"):
+            zf.write(HERE / "python_stub" / name, f"extension/{name}")
+    return out
+
+
+def make_project(root: Path, viewer_port: int, never_ready: bool) -> Path:
+    """A project after ``msmon vscode init``, its .venv this venv, plus the probe task.
+
+    ``never_ready``: the viewer task's end pattern can never match (the control case).
+    """
+    project = root / "project"
+    project.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "msmon_nb.cli", "vscode", "init", str(project)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert proc.stdout.count("created") == 4
+    (project / ".venv").symlink_to(Path(sys.prefix))
+    tasks_file = project / ".vscode" / "tasks.json"
+    tasks = parse_jsonc(tasks_file.read_text())
+    (viewer,) = (t for t in tasks["tasks"] if t["label"] == "msmon: viewer")
+    # the only change to msmon's tasks: a free port, not 8080 (other viewers may run here)
+    viewer["args"][viewer["args"].index("8080")] = str(viewer_port)
+    if never_ready:
+        viewer["problemMatcher"]["background"]["endsPattern"] = "^never printed$"
+    tasks["tasks"].append(
+        {
+            "label": PROBE,
+            "type": "shell",
+            "command": f"date +%s.%N > '{project}/ready.txt'",
+            "dependsOn": ["msmon: clean + viewer"],
+            "problemMatcher": [],
+        }
+    )
+    tasks_file.write_text(json.dumps(tasks, indent=4))
+    return project
+
+
+def start_code_server(root: Path, port: int, project: Path) -> subprocess.Popen:
+    data, extensions = root / "data", root / "extensions"
+    (data / "User").mkdir(parents=True)
+    (data / "User" / "settings.json").write_text(json.dumps(USER_SETTINGS))
+    config = root / "config.yaml"
+    config.write_text(f"bind-addr: 127.0.0.1:{port}\nauth: none\ncert: false\n")
+    common = ["--config", str(config), "--user-data-dir", str(data),
+              "--extensions-dir", str(extensions)]  # fmt: skip
+    subprocess.run(
+        [CODE_SERVER, *common, "--install-extension", str(stub_vsix(root / "stub.vsix"))],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    with open(root / "code-server.log", "w") as log:
+        proc = subprocess.Popen(
+            [CODE_SERVER, *common, "--disable-telemetry", "--disable-update-check",
+             "--disable-workspace-trust", "--disable-getting-started-override", str(project)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, GLOG_v="3"),
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            return proc
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError((root / "code-server.log").read_text())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, 9)
+
+
+def run_task(page, label: str) -> None:
+    """Terminal > Run Task... > ``label``, as a user picks it."""
+
+    def pick(text: str) -> None:
+        rows = page.locator(".quick-input-list .monaco-list-row")
+        row = rows.filter(has=page.get_by_text(text, exact=True)).first
+        row.wait_for(timeout=30_000)
+        row.click()
+
+    page.keyboard.press("F1")
+    box = page.locator(".quick-input-widget input")
+    box.wait_for(state="visible", timeout=30_000)
+    box.fill(">Tasks: Run Task")
+    pick("Tasks: Run Task")
+    box.fill(label)
+    pick(label)
+
+
+def viewer_runs(port: int) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.parametrize("never_ready", [False, True], ids=["as_shipped", "control"])
+def test_clean_and_viewer_task_in_code_server(tmp_path, never_ready):
+    """As shipped: ready soon after the viewer answers. Control: a matcher that never sees
+    its end pattern keeps the dependent task waiting although the viewer answers."""
+    from playwright.sync_api import sync_playwright
+
+    viewer_port, server_port = free_port(), free_port()
+    project = make_project(tmp_path, viewer_port, never_ready)
+    server = start_code_server(tmp_path, server_port, project)
+    ready = project / "ready.txt"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            try:
+                page.goto(f"http://127.0.0.1:{server_port}/?folder={project}")
+                page.locator(".monaco-workbench .statusbar").wait_for(timeout=90_000)
+                time.sleep(3)  # the extension host starts (the stub registers its command)
+                started = time.time()
+                run_task(page, PROBE)
+                answered = None
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline and not ready.exists():
+                    if answered is None:
+                        try:
+                            assert viewer_runs(viewer_port) == []  # clean ran, viewer serves
+                            answered = time.time()
+                            if never_ready:
+                                deadline = time.monotonic() + 15
+                        except OSError:
+                            pass
+                    time.sleep(0.2)
+                page.screenshot(path=str(tmp_path / "vscode.png"))
+                assert answered is not None, "the viewer task never answered"
+                assert "Could not resolve" not in page.content()
+                if never_ready:
+                    assert not ready.exists(), "the probe did not wait for the matcher"
+                else:
+                    assert ready.exists(), "the task after clean + viewer never started"
+                    waited = float(ready.read_text()) - started
+                    print(f"viewer answered after {answered - started:.1f} s, ready (the "
+                          f"dependent task ran) after {waited:.1f} s")  # fmt: skip
+                    assert 0 < waited < 60, waited
+            finally:
+                browser.close()
+    finally:
+        stop(server)
+    # code-server's pty host takes the viewer task's process down with it
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            viewer_runs(viewer_port)
+        except OSError:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the viewer outlived code-server")
