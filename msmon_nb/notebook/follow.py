@@ -82,7 +82,7 @@ def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
     if len(ranks) < 2:
         return {tag: run.scalars(tag) for tag in run.tags()}, run.alerts
     from msmon_nb.diagnose.ranks import rank_alerts, with_cross_rank
-    from msmon_nb.notebook.render import MAX_RANK_LINES
+    from msmon_nb.notebook.charts import MAX_RANK_LINES
 
     series: dict[str, Any] = {}
     for tag in run.tags(rank=ranks[0]):

@@ -67,6 +67,10 @@ class KernelEventPump:
         session = kernel.session
         ran = 0
         saved = None
+        # the common case: nothing waiting. Asking the socket's EVENTS keeps the GIL (a
+        # poll or a failed recv gives it up and must win it back from MindSpore's threads)
+        if not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return 0
         try:
             for _ in range(limit):
                 try:

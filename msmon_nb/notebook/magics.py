@@ -44,7 +44,7 @@ class MonitorMagics(Magics):
         "--no-panel", action="store_true", help="monitor without the live panel"
     )
     @magic_arguments.argument(
-        "--refresh", type=float, default=0.5, help="seconds between panel redraws (at least)"
+        "--refresh", type=float, default=0.4, help="seconds between panel updates (at least)"
     )
     @cell_magic
     def msmonitor(self, line: str, cell: str) -> Any:

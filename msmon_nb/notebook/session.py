@@ -32,7 +32,7 @@ class NotebookSession:
         config_path: str | None = None,
         break_on: str | None = None,
         panel: bool = True,
-        refresh: float = 0.5,
+        refresh: float = 0.4,
     ) -> Any:
         """Run ``body`` under a new Monitor with ``watch()`` active (and a live panel)."""
         __tracebackhide__ = True
@@ -71,7 +71,9 @@ class NotebookSession:
         from msmon_nb.notebook.kernel_events import KernelEventPump
         from msmon_nb.notebook.panel import Panel
 
-        view = Panel(monitor.run_name or "run (not saved)", monitor.run_dir, refresh=refresh)
+        view = Panel(
+            monitor.run_name or "run (not saved)", monitor.run_dir, refresh=refresh, threaded=True
+        )
         pump = KernelEventPump.for_current_kernel()
         if pump is None:
             warnings.warn(
@@ -182,5 +184,6 @@ def show(run: Any, follow: bool = False, rank: int | None = None) -> Any:
     view.state = run.status
     view.note = f"{run.num_points} points · {Path(run.path).name}"
     view.widget.static_png = view.render_png(final=True)
+    view.keep_state()
     view.widget.panel = view  # the Panel behind the widget, for code that inspects it
     return view.widget

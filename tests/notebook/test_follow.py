@@ -9,6 +9,7 @@ import numpy as np
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.notebook.follow import Follower, run_series
+from msmon_nb.notebook.stream import unpack
 from tests.conftest import ROOT
 
 WRITER = r"""
@@ -57,7 +58,7 @@ def test_follow_tails_every_rank_with_lines_and_band(tmp_path):
         keys = {key for msg, _ in sent for key in msg["keys"]}
         assert {"train/loss@rank0", "train/loss@rank1", "train/loss@min"} <= keys
         steps_sent = [
-            np.frombuffer(buffers[2 * msg["keys"].index("train/loss@rank1")], "<f8")
+            unpack(msg["keys"], msg["counts"], buffers[0])["train/loss@rank1"][0]
             for msg, buffers in sent
             if "train/loss@rank1" in msg["keys"]
         ]

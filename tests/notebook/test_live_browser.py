@@ -145,3 +145,60 @@ def test_panel_is_live_in_the_browser_while_the_cell_runs(tmp_path, app):
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert pictures, [list(o.get("data", {})) for o in outputs]
     assert len(pictures[0]["data"]["image/png"]) > 10_000  # a real picture, not a stub
+
+
+SHOW = """%load_ext msmon_nb
+import numpy as np
+import msmon_nb as mm
+values = np.ones(300)
+values[150] = 40.0
+values[200] = np.nan
+with mm.Monitor(save_dir={base!r}, run_name="static") as mon:
+    for v in values:
+        mon.step(loss=float(v), lr=0.1)
+mm.show(mon.run_dir)"""
+
+CHART = '[data-msmon-tag="train/loss"]'
+
+
+@pytest.mark.slow
+def test_display_controls_act_in_the_page_while_the_kernel_is_busy(tmp_path):
+    """Smoothing, log scale, hover, box zoom and reset need no kernel: they work while a
+    later cell keeps the kernel busy. NaN/Inf and alerts are listed at their steps."""
+    cells = [SHOW.format(base=str(tmp_path / "summary")), "import time\ntime.sleep(40)"]
+    write_notebook(tmp_path / "show.ipynb", cells)
+    with jupyter_page(tmp_path, "show.ipynb") as page:
+        run_all(page)
+        page.wait_for_function(
+            f"document.querySelector('{CHART}')?.dataset.lastStep === '299'", timeout=60_000
+        )
+        page.wait_for_function(
+            "window.jupyterapp.shell.currentWidget.content.widgets[1].model.executionCount"
+            " === null && document.querySelector('.jp-Notebook')",
+            timeout=30_000,
+        )
+        alerts = page.locator(".msmon-alerts").inner_text()
+        assert "NaN/Inf in train/loss since step 200" in alerts
+        chart = page.locator(CHART)
+        assert chart.get_attribute("data-scale") == "linear"
+        page.select_option(".msmon-scale", "log")
+        assert chart.get_attribute("data-scale") == "log"
+        page.eval_on_selector(
+            ".msmon-smooth",
+            "e => { e.value = '0.9'; e.dispatchEvent(new Event('input')); }",
+        )
+        assert "(smoothed)" in chart.locator(".u-legend").inner_text()
+        over = chart.locator(".u-over")
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        legend = chart.locator(".u-legend").inner_text()
+        assert re.search(r"step\s*:?\s*\d+", legend) and "train/loss1" in legend, legend
+        page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + 10)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] - 10, steps=5)
+        page.mouse.up()
+        assert chart.get_attribute("data-zoomed") == "1"
+        over.dblclick()
+        assert chart.get_attribute("data-zoomed") == "0"
+        # all of it while the kernel was still sleeping in the second cell
+        assert not page.evaluate(cell_done_js(1))

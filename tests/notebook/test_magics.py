@@ -73,7 +73,8 @@ def test_shipped_notebooks_execute(tmp_path, name):
     monitored = next(
         c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%msmonitor")
     )
-    assert widget_views(monitored), "the monitored cell should display the panel"
+    # nbclient renders no widgets: a cell longer than 3 s falls back to pictures; either
+    # way the saved notebook keeps a picture of the panel
     assert pictures(monitored), "the saved notebook should keep a picture of the panel"
     assert len(run.scalars("train/loss").steps) == 80
     assert np.all(run.scalars("train/grad_norm").values > 0)

@@ -9,7 +9,7 @@ from msmon_nb.metrics.series import Series
 from msmon_nb.monitor import Monitor
 from msmon_nb.notebook.panel import Panel
 from msmon_nb.notebook.render import ChartRenderer, RenderOptions
-from msmon_nb.notebook.stream import RESET_POINTS, PointStream
+from msmon_nb.notebook.stream import RESET_POINTS, PointStream, unpack
 
 
 class FakeClock:
@@ -34,9 +34,9 @@ class Recorder:
             if msg["type"] == "reset":
                 steps, values = [], []
             if key in msg["keys"]:
-                i = msg["keys"].index(key)
-                steps.extend(np.frombuffer(buffers[2 * i], "<f8"))
-                values.extend(np.frombuffer(buffers[2 * i + 1], "<f8"))
+                new_steps, new_values = unpack(msg["keys"], msg["counts"], buffers[0])[key]
+                steps.extend(new_steps)
+                values.extend(new_values)
         return np.array(steps), np.array(values)
 
 
@@ -119,8 +119,7 @@ def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
     s.extend(np.arange(n), values, np.zeros(n))
     stream = PointStream(max_new=512)
     chunk = stream.take({"train/loss": s})
-    steps = np.frombuffer(chunk.buffers[0], "<f8")
-    sent = np.frombuffer(chunk.buffers[1], "<f8")
+    steps, sent = unpack(chunk.keys, chunk.counts, chunk.buffer)["train/loss"]
     assert len(steps) <= RESET_POINTS + 1
     assert 50.0 in sent and steps[sent == 50.0][0] == 777_777
     assert steps[-1] == n - 1
@@ -129,7 +128,7 @@ def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
     s.extend(np.arange(n, 2 * n), np.ones(n), np.zeros(n))
     chunk = stream.take({"train/loss": s})
     assert chunk.nbytes <= 2 * 8 * (512 + 1)
-    assert np.frombuffer(chunk.buffers[0], "<f8")[0] >= n
+    assert unpack(chunk.keys, chunk.counts, chunk.buffer)["train/loss"][0][0] >= n
     assert stream.take({"train/loss": s}).keys == []
 
 
@@ -234,7 +233,7 @@ def test_unaffordable_relayout_defers_only_that_chart():
 
 
 def test_charts_grouped_by_prefix_with_readable_titles():
-    from msmon_nb.notebook.render import plan_charts
+    from msmon_nb.notebook.charts import plan_charts
 
     tags = [
         "train/loss",

@@ -1,16 +1,16 @@
 // msmon_nb live panel: the browser side of msmon_nb.notebook.widget.PanelWidget.
 //
 // The kernel never draws. At step boundaries it sends, as one custom comm message, only
-// what is new since its last message: per series key a few (min/max-decimated) points as
-// two binary Float64 buffers (steps, values), the status line's numbers, and the alerts
+// what is new since its last message: per series key a few (min/max-decimated) points,
+// packed in one binary float64 buffer, the status line's numbers, and the alerts
 // and snapshot table when they changed. This module keeps the points per key, bounded by
 // its own min/max decimation (so a one-step spike always survives), and draws them with
 // uPlot (prepended to this file by the kernel, see widget.py). Smoothing, log/linear,
 // hover, box zoom and double-click reset happen here with no kernel round trip.
 //
 // Protocol (kernel -> page): {type: "reset" | "append", status, charts?, keys: [key],
-//   nonfinite: {key: [[step, "nan" | "inf" | "-inf"]]}, alerts?, snapshots_html?}
-//   with buffers [steps(key0), values(key0), steps(key1), ...].
+//   counts: [n], nonfinite: {key: [[step, "nan" | "inf" | "-inf"]]}, alerts?,
+//   snapshots_html?} with one buffer of float64: n steps then n values, key after key.
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
 //   acknowledgement that our code loaded), {type: "pause" | "resume" | "stop"},
 //   {type: "freq", value: N}.
@@ -190,12 +190,19 @@ class Chart {
       series,
       bands,
       hooks: {
-        setSelect: [(u) => { if (u.select.width > 0) chart.zoomed = true; }],
+        setSelect: [(u) => { if (u.select.width > 0) chart.setZoomed(true); }],
         draw: [(u) => chart.decorate(u)],
       },
     };
     this.plot = new uPlot(opts, this.data(), this.box);
-    this.plot.over.addEventListener("dblclick", () => { chart.zoomed = false; });
+    this.plot.over.addEventListener("dblclick", () => chart.setZoomed(false));
+    this.el.dataset.scale = log ? "log" : "linear";
+  }
+
+  // while zoomed, new points do not reset the view; double-click returns to the whole run
+  setZoomed(on) {
+    this.zoomed = on;
+    this.el.dataset.zoomed = on ? "1" : "0";
   }
 
   data() {
@@ -374,16 +381,21 @@ class Panel {
 
   onMessage(msg, buffers) {
     if (msg.type !== "reset" && msg.type !== "append") return;
+    const began = performance.now();
     if (msg.type === "reset") {
       this.data.clear();
       this.nonfinite.clear();
     }
     if (msg.charts) this.setCharts(msg.charts);
     const touched = new Set();
+    const packed = msg.keys && msg.keys.length ? f64(buffers[0]) : null;
+    let offset = 0;
     (msg.keys || []).forEach((key, i) => {
-      const xs = f64(buffers[2 * i]);
-      const ys = f64(buffers[2 * i + 1]);
-      if (!xs.length) return;
+      const n = msg.counts[i];
+      const xs = packed.subarray(offset, offset + n);
+      const ys = packed.subarray(offset + n, offset + 2 * n);
+      offset += 2 * n;
+      if (!n) return;
       let d = this.data.get(key);
       if (!d) { d = { xs: [], ys: [] }; this.data.set(key, d); }
       for (let j = 0; j < xs.length; j++) {
@@ -419,6 +431,13 @@ class Panel {
       }
     }
     this.renderStatus();
+    // what one update cost the page, uPlot's redraws included (they run as microtasks
+    // queued by setData, before this one); bench/panel.py reads it
+    queueMicrotask(() => {
+      this.root.dataset.updateMs = (performance.now() - began).toFixed(2);
+      this.root.dataset.points = String([...this.data.values()]
+        .reduce((n, d) => n + d.xs.length, 0));
+    });
   }
 
   renderStatus() {
@@ -483,6 +502,10 @@ function render({ model, el }) {
     }
   };
   model.on("msg:custom", onMsg);
+  // a finished or static panel carries its data in the widget state: drawn at once,
+  // even while the kernel is busy elsewhere; the hello then asks for anything newer
+  const initial = model.get("initial");
+  if (initial && initial.type) onMsg(initial, [model.get("initial_data")]);
   model.send({ type: "hello" });
   return () => {
     model.off("msg:custom", onMsg);
