@@ -8,6 +8,7 @@ working after the cell has returned and the kernel is idle.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any, NamedTuple
 
@@ -28,8 +29,12 @@ class Follower:
         self.panel.state = "following"
         self._stop = threading.Event()
         self.updates = 0
+        # a copy of the cell's context: the thread's messages keep the cell as parent
         self.thread = threading.Thread(
-            target=self._loop, name=f"msmon-follow-{run.name}", daemon=True
+            target=contextvars.copy_context().run,
+            args=(self._loop,),
+            name=f"msmon-follow-{run.name}",
+            daemon=True,
         )
 
     def start(self) -> Follower:

@@ -202,3 +202,29 @@ def test_display_controls_act_in_the_page_while_the_kernel_is_busy(tmp_path):
         assert chart.get_attribute("data-zoomed") == "0"
         # all of it while the kernel was still sleeping in the second cell
         assert not page.evaluate(cell_done_js(1))
+
+
+@pytest.mark.slow
+def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path):
+    """With JupyterLab's "save widget state" on, a reopened notebook draws the finished
+    panel from the saved state alone (its data is in the widget state, not the kernel)."""
+    settings = tmp_path / ".settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    settings.mkdir(parents=True)
+    (settings / "plugin.jupyterlab-settings").write_text('{"saveState": true}')
+    train = TRAIN.replace("range(4000)", "range(60)").format(base=tmp_path / "summary")
+    write_notebook(tmp_path / "first.ipynb", [SETUP, train])
+    with jupyter_page(tmp_path, "first.ipynb") as page:
+        run_all(page)
+        page.wait_for_function(cell_done_js(1), timeout=120_000)
+        save(page)
+    saved = json.loads((tmp_path / "first.ipynb").read_text())
+    assert "widgets" in saved["metadata"]
+    (tmp_path / "reopened.ipynb").write_text(json.dumps(saved))
+    with jupyter_page(tmp_path, "reopened.ipynb") as page:
+        # no cell runs: the new kernel knows nothing of the panel
+        page.wait_for_function(
+            "[...document.querySelectorAll('[data-msmon-tag=\"train/loss\"]')]"
+            ".some(e => e.dataset.lastStep === '59')",
+            timeout=60_000,
+        )
+        assert "finished" in page.locator(".msmon-status").first.inner_text()
