@@ -110,13 +110,19 @@ def test_no_hello_within_the_timeout_falls_back_to_pngs(tmp_path, capsys):
         assert "application/vnd.jupyter.widget-view+json" in shown[-1]
 
 
-def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
-    n = 1_000_000
+def flat_series(n: int, spike_at: int, nan_at: int) -> Series:
+    """``n`` ones with a 50 at ``spike_at`` and a NaN at ``nan_at``."""
     values = np.ones(n)
-    values[777_777] = 50.0
-    values[900_000] = np.nan
+    values[spike_at] = 50.0
+    values[nan_at] = np.nan
     s = Series()
     s.extend(np.arange(n), values, np.zeros(n))
+    return s
+
+
+def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
+    n = 1_000_000
+    s = flat_series(n, 777_777, 900_000)
     stream = PointStream(max_new=512)
     chunk = stream.take({"train/loss": s})
     steps, sent = unpack(chunk.keys, chunk.counts, chunk.buffer)["train/loss"]
@@ -133,12 +139,7 @@ def test_stream_keeps_spikes_nonfinite_and_the_newest_point_in_bounded_bytes():
 
 
 def test_spike_and_nan_are_visible_in_the_png():
-    n = 200_000
-    values = np.ones(n)
-    values[77_777] = 50.0
-    values[150_000] = np.nan
-    s = Series()
-    s.extend(np.arange(n), values, np.zeros(n))
+    s = flat_series(200_000, 77_777, 150_000)
     renderer = ChartRenderer(RenderOptions(headroom=1.0))  # a finished run: tight axes
     png = renderer.render({"train/loss": s})
     image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
