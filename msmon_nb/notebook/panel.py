@@ -92,6 +92,7 @@ class Panel:
         self._chart_keys: list[str] = []
         self._planned_for: tuple[int, int] = (-1, -1)
         self._charts_changed = False
+        self._must_reset = False
         self._alerts_sent = -1
         self._snapshots_sent = -1
         self._started = clock()
@@ -113,8 +114,8 @@ class Panel:
     ) -> None:
         """Show ``series`` (key -> object with ``steps``/``values``), alerts, snapshots."""
         with self._lock:
-            if self.stream.shrank(series):
-                self.stream.reset()
+            if self.stream.shrank(series):  # re-read after its steps restarted
+                self._must_reset = True
             self._series = series
             self._alerts = list(alerts or [])
             self._snapshots = list(snapshots or [])
@@ -256,6 +257,7 @@ class Panel:
             self._send(reset)
 
     def _send(self, reset: bool) -> None:
+        reset, self._must_reset = reset or self._must_reset, False
         msg, buffers = self._message(reset)
         if self.outbox is not None:
             self.outbox.put(msg, buffers)

@@ -253,3 +253,18 @@ def test_charts_grouped_by_prefix_with_readable_titles():
     )
     assert charts["val/"] == ("val/accuracy", "val/f1")
     assert not any("train/step_time" in t for t in charts.values())
+
+
+def test_a_series_that_shrank_is_sent_again_as_a_reset():
+    panel = Panel("t", live=False)
+    rec = Recorder(panel)
+    s = flat_series(100, 10, 20)
+    panel.set_data({"train/loss": s})
+    panel.send()
+    shorter = Series()
+    shorter.extend(np.arange(30), np.full(30, 2.0), np.zeros(30))
+    panel.set_data({"train/loss": shorter})  # the run was re-read: its steps restarted
+    panel.send()
+    assert [m["type"] for m, _ in rec.messages] == ["append", "reset"]
+    steps, values = rec.points("train/loss")
+    assert steps.tolist() == list(range(30)) and set(values) == {2.0}
