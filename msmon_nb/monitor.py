@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from msmon_nb.collect.ranks import detect, shared_run_name
+from msmon_nb.collect.recorder import StopTraining
 from msmon_nb.config import ConfigError, MonitorConfig, check_tag
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG
 from msmon_nb.metrics.series import SeriesStore
@@ -39,10 +40,6 @@ from msmon_nb.sinks.base import Fanout, MonitorWarning, make_sinks
 log = logging.getLogger(__name__)
 
 _OPEN: list[Monitor] = []
-
-
-class StopTraining(BaseException):
-    """Raised at a step boundary to end the user's loop (stop button, alert action)."""
 
 
 def active() -> Monitor | None:
@@ -340,6 +337,39 @@ class Monitor:
         if hook in self._boundary_hooks:
             self._boundary_hooks.remove(hook)
 
+    # --- the Recorder interface (collect/recorder.py): what the ways in call -----------
+
+    def record_step(self, **kwargs: Any) -> None:
+        """Count a finished step; on collected steps compute and emit its scalars."""
+        self._record_step(**kwargs)
+
+    def add_timing(self, data_secs: float, compute_secs: float) -> None:
+        """Where the step's time went: waiting for the next batch, or computing."""
+        self._add_timing(data_secs, compute_secs)
+
+    def mark_step_start(self, restart: bool = False) -> None:
+        """Step time counts from now: for the first step, or always with ``restart``."""
+        if restart:
+            self._t_mark = time.perf_counter()
+        else:
+            self._mark_step_start()
+
+    def boundary(self, raise_stop: bool) -> bool:
+        """Run the step-boundary controls; True when the loop must stop."""
+        return self._boundary(raise_stop)
+
+    def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; on failure warn once and return None (training goes on)."""
+        return self._guard(what, fn, *args)
+
+    def warn_once(self, key: str, message: str) -> None:
+        """One ``MonitorWarning`` per ``key``."""
+        self._warn_once(key, message, stacklevel=4)
+
+    def attached(self, how: str) -> None:
+        """A way in is active (``verbose`` prints where the run goes)."""
+        self._attached(how)
+
     # --- internals ----------------------------------------------------------------------
 
     def _attached(self, how: str) -> None:
@@ -476,11 +506,11 @@ class Monitor:
             log.debug("msmon: %s failed", what, exc_info=True)
             return None
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=3)
+        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=stacklevel)
 
     def flush(self) -> None:
         """Push everything recorded so far to disk."""

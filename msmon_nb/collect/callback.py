@@ -4,7 +4,10 @@ Loss comes from ``net_outputs`` (the first element when the train cell returns a
 the learning rate from ``optimizer.get_lr()`` read when a collected step begins (before
 the update moves ``global_step``), the batch size from the dataset. Steps are numbered
 as MindSpore numbers them (``cur_step_num``, from 1), so our records line up with
-``LossMonitor`` output and ``SummaryCollector`` files.
+``LossMonitor`` output and ``SummaryCollector`` files. MindSpore restarts that count at
+1 on every ``Model.train``/``fit`` call; a later call under the same monitor ("train a
+bit more") continues after the run's last step instead, so nothing recorded is
+overwritten and the steps stay in order.
 
 Gradients never leave ``TrainOneStepCell``'s graph, so at ``on_train_begin`` the train
 cell's ``grad_reducer`` is wrapped by ``GradNormTap`` (see ``collect.graph``), which
@@ -25,13 +28,13 @@ from msmon_nb.collect.values import read_lr
 from msmon_nb.config import suggest_tag
 
 if TYPE_CHECKING:
-    from msmon_nb.monitor import Monitor
+    from msmon_nb.collect.recorder import Recorder
 
 
 class MonitorCallback(Callback):
     """Records every collected ``Model.train`` step into its ``Monitor``."""
 
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(self, monitor: Recorder) -> None:
         super().__init__()
         self.monitor = monitor
         self.tap: Any = None
@@ -41,6 +44,7 @@ class MonitorCallback(Callback):
         self._lr: float | None = None
         self._t_begin: float | None = None
         self._t_end: float | None = None  # end of the previous step, after our own work
+        self._offset = 0  # steps the run had before this Model.train call
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -49,30 +53,31 @@ class MonitorCallback(Callback):
         self.optimizer = cb.get("optimizer") or getattr(network, "optimizer", None)
         dataset = cb.get("train_dataset")
         if dataset is not None and self.batch_size is None:
-            self.batch_size = mon._guard("reading the batch size", dataset.get_batch_size)
+            self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
         if mon.config.tracks("grad_norm") and self.tap is None:
             from msmon_nb.collect.graph import install_tap
 
-            self.tap = mon._guard("installing the grad_norm tap", install_tap, network)
+            self.tap = mon.guard("installing the grad_norm tap", install_tap, network)
             if self.tap is None:
-                mon._warn_once(
+                mon.warn_once(
                     "no tap",
                     f"{type(network).__name__} has no grad_reducer, so grad_norm cannot be "
                     "read from Model.train; pass it yourself with mon.step(grad_norm=...)",
                 )
-        mon._attached("Model.train callback")
-        mon._t_mark = time.perf_counter()
+        mon.attached("Model.train callback")
+        mon.mark_step_start(restart=True)
+        self._offset = 0 if mon.last_step is None else mon.last_step
         self._t_end = None
 
     def on_train_step_begin(self, run_context: Any) -> None:
         self._t_begin = time.perf_counter()
         mon = self.monitor
-        step = int(run_context.original_args().cur_step_num)
+        step = self._offset + int(run_context.original_args().cur_step_num)
         mon.step_count = step
         self._collect = mon.will_collect(step)
         self._lr = None
         if self._collect and self.optimizer is not None and mon.config.tracks("learning_rate"):
-            self._lr = mon._guard("reading the learning rate", read_lr, self.optimizer)
+            self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
 
     def on_train_step_end(self, run_context: Any) -> None:
         mon = self.monitor
@@ -80,9 +85,9 @@ class MonitorCallback(Callback):
         now = time.perf_counter()
         if self._t_begin is not None:
             waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
-            mon._add_timing(waited, now - self._t_begin)
+            mon.add_timing(waited, now - self._t_begin)
         collect = self._collect
-        mon._record_step(
+        mon.record_step(
             loss=cb.net_outputs if collect else None,
             grad_norm=self.tap.norm if collect and self.tap is not None else None,
             lr=self._lr,
@@ -90,10 +95,10 @@ class MonitorCallback(Callback):
             params=list(self.optimizer.parameters)
             if collect and self.optimizer is not None and mon.config.tracks("param_stats")
             else None,
-            global_step=int(cb.cur_step_num),
+            global_step=self._offset + int(cb.cur_step_num),
             collect=collect,
         )
-        if mon._boundary(raise_stop=False):
+        if mon.boundary(raise_stop=False):
             run_context.request_stop()
         self._t_end = time.perf_counter()
 
@@ -110,7 +115,7 @@ class MonitorCallback(Callback):
                 values[tag] = number
         mon = self.monitor
         if values:
-            mon._guard("recording validation metrics", mon.log, values)
+            mon.guard("recording validation metrics", mon.log, values)
 
     def on_train_end(self, run_context: Any) -> None:
-        self.monitor._guard("flushing", self.monitor.flush)
+        self.monitor.guard("flushing", self.monitor.flush)

@@ -53,3 +53,97 @@ def install_tap(train_network: Any) -> GradNormTap | None:
     tap = GradNormTap(reducer)
     train_network.grad_reducer = tap
     return tap
+
+
+def _optimizer_classes() -> list[type]:
+    """``nn.Optimizer`` and every subclass defined so far that has its own ``construct``."""
+    out, stack = [], [nn.Optimizer]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if "construct" in vars(cls):
+            out.append(cls)
+    return out
+
+
+class OptimizerTap:
+    """Records the global norm of the gradients every optimizer receives, and its lr,
+    also inside compiled graphs (a ``@ms.jit`` step holding the optimizer call).
+
+    ``install()`` replaces ``construct`` on each optimizer class (so optimizers created
+    earlier see it) with a wrapper that assigns ``sqrt(sum ||g||^2)``, ``get_lr()`` and a
+    call counter to three non-trainable Parameters, then runs the original update on the
+    same gradients. MindSpore compiles the wrapper into any graph that calls the
+    optimizer. Functions compiled before keep their graphs: ``install`` removes their
+    phases from the compile cache so that their next call compiles again, and
+    ``uninstall`` does the same so that nothing of ours stays in the user's graphs.
+    ``read()`` copies three scalars to the host.
+    """
+
+    def __init__(self, cache: set | None) -> None:
+        self.cache = cache
+        self.norm = _scalar("msmon_tap_grad_norm", 0.0, ms.float32)
+        self.lr = _scalar("msmon_tap_lr", 0.0, ms.float32)
+        self.count = _scalar("msmon_tap_count", 0, ms.int32)
+        self._saved: list[tuple[type, Any]] = []
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def install(self) -> None:
+        for cls in _optimizer_classes():
+            original = vars(cls)["construct"]
+            if _takes_gradients_only(original):
+                self._saved.append((cls, original))
+                cls.construct = _tapped(original, self.norm, self.lr, self.count)
+        self._recompile()
+
+    def uninstall(self) -> None:
+        if not self._saved:
+            return
+        for cls, original in reversed(self._saved):
+            cls.construct = original
+        self._saved.clear()
+        self._recompile()
+
+    def _recompile(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
+
+    def read_count(self) -> int:
+        return int(self.count.asnumpy())
+
+    def read(self) -> tuple[int, float, float]:
+        """(calls so far, the last call's gradient norm, the last call's lr)."""
+        return self.read_count(), float(self.norm.asnumpy()), float(self.lr.asnumpy())
+
+
+def _scalar(name: str, value: Any, dtype: Any) -> Parameter:
+    return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
+
+
+def _takes_gradients_only(construct: Any) -> bool:
+    import inspect
+
+    try:
+        params = list(inspect.signature(construct).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 2 and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+
+
+def _tapped(original: Any, norm: Parameter, lr_store: Parameter, count: Parameter) -> Any:
+    # MindSpore parses this function's source when it compiles a graph that calls the
+    # optimizer: it must stay plain graph syntax (closure variables, no try/with).
+    def construct(self, gradients):
+        lr = self.get_lr()
+        if self.is_group_lr:
+            lr = lr[0]
+        squares = [ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in gradients]
+        stored = ops.assign(norm, ops.sqrt(ops.addn(squares)))
+        stored = ops.depend(stored, ops.assign(lr_store, ops.cast(lr, ms.float32)))
+        stored = ops.depend(stored, ops.assign_add(count, ops.ones((), ms.int32)))
+        return original(self, ops.depend(gradients, stored))
+
+    return construct

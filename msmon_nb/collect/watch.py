@@ -1,82 +1,101 @@
-"""``mon.watch()``: monitor an unchanged functional MindSpore loop.
+"""``mon.watch()``: monitor an unchanged MindSpore loop, built before or after it began.
 
-While active it observes, for objects created before or after it began:
+While active it replaces, class- or module-level (so existing objects see it), the ways
+in that ``collect.hooks`` finds in the installed MindSpore:
 
-* ``mindspore.ops.composite.base._pynative_forward_run`` -- every PyNative call of a
-  ``value_and_grad``/``grad`` function runs its forward pass through it: the loss, and
-  the batch size from the first argument;
-* ``..._pynative_func_grad_backward`` -- the gradients it returns (before clipping, which
-  is what shows an explosion);
-* ``nn.Optimizer.__call__`` (set on the class, so existing optimizers see it) -- a step
-  ends when the optimizer returns; the learning rate is read just before the update;
-* ``nn.DistributedGradReducer.__call__`` -- in data parallel, the all-reduced gradients:
-  grad_norm is then the same on every rank;
-* ``mindspore.graph.api._JitExecutor.__call__`` -- a step compiled with ``mindspore.jit``
-  hides its insides; its returned loss is recorded, and ``grad_norm`` when it returns
-  ``(loss, mm.global_norm(grads), ...)``;
-* ``mindspore.train.Model.train`` (when ``use_callback`` is on) -- the monitor's callback
-  is added to the call's callbacks, and the hooks above stay quiet inside it so its
-  steps are counted once.
+* the PyNative forward pass and backward of ``value_and_grad``/``grad`` functions: the
+  loss, the batch size (first argument) and the gradients before any clipping;
+* ``nn.Optimizer.__call__``: the learning rate, read just before the update, and the
+  gradients the optimizer receives; a top-level optimizer call ends a step;
+* ``nn.Cell.__call__`` for top-level calls only: a train cell driven by hand
+  (``TrainOneStepCell``, ``TrainOneStepWithLossScaleCell``, any Cell holding an
+  optimizer) is one step, its output the loss, and its time is framework time;
+* ``nn.DistributedGradReducer.__call__``: in data parallel, the all-reduced gradients;
+* ``_JitExecutor.__call__``: a step compiled with ``mindspore.jit``. Its insides are a
+  graph, so at the first one ``collect.graph.OptimizerTap`` wraps every optimizer
+  class's ``construct`` and drops the compiled phases: the step compiles again (once)
+  with the wrapper, which stores the gradients' global norm and the lr in Parameters
+  read on collected steps;
+* ``Model.train``/``fit``/``eval`` (when ``use_callback`` is on): the monitor's callback
+  is added, and the hooks above stay quiet inside.
 
-When no optimizer call is ever seen (a jit step, a hand-written update), each call of a
-grad function or jit step is one step, finished when the next begins or the watch ends.
-Everything patched is restored on exit, also after an exception. On steps that are not
+Without optimizer calls seen from Python (a jit step, a hand-written update) each grad
+function or jit step call is one step, finished when the next begins or the watch ends.
+
+Step time is split into *data* (from the end of a step to the first framework call of
+the next: the user's batch loading) and *compute* (from there to the step's end), so
+framework work -- a train cell's forward pass included -- never counts as waiting.
+
+A way in that is missing in this MindSpore, or cannot be replaced, is reported in one
+``MonitorWarning`` naming what is not observed; the loop runs and ``mon.step`` works.
+Everything replaced is restored on exit, also after an exception. On steps that are not
 collected the hooks keep no tensors and read nothing from the device.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from msmon_nb.collect.recorder import Recorder, StopTraining
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors
 from msmon_nb.collect.values import read_global_step, read_lr
 
-if TYPE_CHECKING:
-    from msmon_nb.monitor import Monitor
+log = logging.getLogger(__name__)
 
 _ACTIVE: list[Watch] = []
 
-
-def _jit_api() -> Any:
-    """The module holding ``_JitExecutor``: ``mindspore.graph.api`` since 2.9, where the
-    old ``mindspore.common.api`` path still works but logs a deprecation warning."""
-    import importlib.util
-
-    if importlib.util.find_spec("mindspore.graph.api") is not None:
-        import mindspore.graph.api as api
-    else:  # MindSpore < 2.9
-        import mindspore.common.api as api
-    return api
+FIX = (
+    "one-line fix: return it from your step, e.g. `return loss, mm.global_norm(grads)`, "
+    "or record it with mon.step(grad_norm=...)"
+)
 
 
 class WatchError(RuntimeError):
     """``watch()`` cannot start (another watch is active)."""
 
 
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, tuple | list) and value else value
+
+
 class Watch:
     """Context manager returned by ``Monitor.watch()``."""
 
-    def __init__(self, monitor: Monitor) -> None:
-        self.monitor = monitor
+    def __init__(self, recorder: Recorder) -> None:
+        self.monitor = recorder
         self._saved: list[tuple[Any, str, Any, bool]] = []
+        self.tap: Any = None
+        self._tap_before = 0
+        self._tap_why: str | None = None
+        self._train_cells: dict[int, bool] = {}
+        self._recompiled_cells: list[Any] = []
         self._reset()
-        self.opt_seen = False
-        self.pending = False  # a grad/jit call happened that no optimizer call has ended
+        self.opt_seen = False  # steps end at optimizer (or train cell) returns
+        self.pending = False  # a step began that has not been recorded yet
+        self.collect = False
+        self._depth = 0  # nesting of framework calls we hooked: 0 = the user's code
         self._in_opt = 0
-        self._in_jit = 0
         self._in_forward = 0
         self._in_model = 0
+        self._opt_calls = 0
         self._callback: Any = None
-        self._t_begin: float | None = None
+        self._t_first: float | None = None
         self._t_end: float | None = None
         self.batch_size: int | None = None
+        self._norm_seen = False
 
     def _reset(self) -> None:
         self.loss: Any = None
         self.grads: Any = None
         self.reduced: Any = None
         self.grad_norm: Any = None
+        self.opt: Any = None
+        self.opt_grads: Any = None
+        self.lr: Any = None
+        self.kind: str | None = None  # what began the step: grad, jit, cell, opt
+        self.jit_ran = False
 
     # --- patching -----------------------------------------------------------------------
 
@@ -86,105 +105,78 @@ class Watch:
                 "another monitor is already watching this process; end it first "
                 "(one watch() at a time, e.g. one %%msmonitor cell)"
             )
-        import mindspore.ops.composite.base as base
-        from mindspore import nn
-
-        self.collect = self.monitor.will_collect(self.monitor.step_count)
-        watch = self
-        orig_forward = base._pynative_forward_run
-        orig_backward = base._pynative_func_grad_backward
-        cell_call = nn.Cell.__call__
-        api = _jit_api()
-        jit_call = api._JitExecutor.__call__
-        from mindspore.train import Model
-
-        def forward_run(fn, sens_param, *args, **kwargs):
-            if watch._in_model:
-                return orig_forward(fn, sens_param, *args, **kwargs)
-            if watch._in_jit == 0 and watch._in_opt == 0 and not watch._in_forward:
-                watch._begin_unit()
-            watch._in_forward += 1
-            try:
-                run_args, res = orig_forward(fn, sens_param, *args, **kwargs)
-            finally:
-                watch._in_forward -= 1
-            if watch._in_forward:  # a grad taken inside the forward pass: not the step's loss
-                return run_args, res
-            if watch.batch_size is None:
-                watch.batch_size = batch_size_of(args)
-            if watch.collect:
-                watch.loss = res
-            return run_args, res
-
-        def grad_backward(fn, grad_op, weights, grad_position, has_aux, *run_args):
-            out = orig_backward(fn, grad_op, weights, grad_position, has_aux, *run_args)
-            if watch.collect and not watch._in_model:
-                watch.grads = out
-            return out
-
-        def optimizer_call(opt, *args, **kwargs):
-            if watch._in_opt or watch._in_model:
-                return cell_call(opt, *args, **kwargs)
-            watch._in_opt += 1
-            try:
-                lr = (
-                    watch._guard(read_lr, opt)
-                    if watch.collect and watch._wants("learning_rate")
-                    else None
-                )
-                out = cell_call(opt, *args, **kwargs)
-            finally:
-                watch._in_opt -= 1
-            watch.opt_seen = True
-            watch._finish(opt=opt, opt_grads=args[0] if args else None, lr=lr)
-            return out
-
-        def jit_executor_call(executor, *args, **kwargs):
-            if watch._in_jit or watch._in_opt or watch._in_model:
-                return jit_call(executor, *args, **kwargs)
-            watch._begin_unit()
-            watch._in_jit += 1
-            try:
-                out = jit_call(executor, *args, **kwargs)
-            finally:
-                watch._in_jit -= 1
-            if watch.batch_size is None:
-                watch.batch_size = batch_size_of(args[1:] if executor.obj is not None else args)
-            if watch.collect:
-                watch._take_jit_output(out)
-            return out
-
-        self._patch(base, "_pynative_forward_run", forward_run)
-        self._patch(base, "_pynative_func_grad_backward", grad_backward)
-
-        def reducer_call(reducer, *args, **kwargs):
-            watch._in_opt += 1  # its own jit graphs are not steps
-            try:
-                out = cell_call(reducer, *args, **kwargs)
-            finally:
-                watch._in_opt -= 1
-            if watch.collect and not watch._in_model:
-                watch.reduced = out  # data parallel: the gradients every rank applies
-            return out
-
-        self._patch(nn.Optimizer, "__call__", optimizer_call)
-        self._patch(nn.DistributedGradReducer, "__call__", reducer_call)
-        self._patch(api._JitExecutor, "__call__", jit_executor_call)
-        if self.monitor.config.use_callback:
-            # where `callbacks` sits: train(epoch, dataset, callbacks, ...), eval(dataset,
-            # callbacks), fit(epoch, dataset, valid_dataset, valid_frequency, callbacks, ...)
-            for name, index in (("train", 2), ("fit", 4), ("eval", 1)):
-                self._patch(Model, name, self._with_callback_kw(getattr(Model, name), index))
+        rec = self.monitor
+        self.collect = rec.will_collect(rec.step_count)
         _ACTIVE.append(self)
-        self.monitor._attached("watch")
+        try:
+            self._attach()
+        except Exception as exc:  # the user's cell must run even so
+            log.debug("msmon: watch() could not attach", exc_info=True)
+            rec.warn_once(
+                "watch",
+                f"watch() could not attach to MindSpore ({type(exc).__name__}: {exc}); "
+                "the loop runs unobserved; record steps with mon.step(...)",
+            )
+        rec.attached("watch")
         return self
+
+    def _attach(self) -> None:
+        import mindspore
+
+        from msmon_nb.collect.hooks import compile_cache, find_ways_in, original
+
+        ways = find_ways_in()
+        makers = {
+            "forward": self._forward_hook,
+            "backward": self._backward_hook,
+            "optimizer": self._optimizer_hook,
+            "cell": self._cell_hook,
+            "reducer": self._reducer_hook,
+            "jit": self._jit_hook,
+        }
+        if self.monitor.config.use_callback:
+            makers["model"] = self._model_hook
+        version = getattr(mindspore, "__version__", "?")
+        used = [*makers, "compile_cache"]
+        missing = [m for m in (ways[n].missing_message(version) for n in used) if m]
+        # read every original first: the Cell hook would otherwise be inherited as the
+        # optimizer's "original"
+        plan = [
+            (target, original(target))
+            for name, make in makers.items()
+            for target in ways[name].targets
+        ]
+        for target, function in plan:
+            name = next(n for n, w in ways.items() if target in w.targets)
+            try:
+                self._patch(target.owner, target.name, makers[name](function, target))
+            except (TypeError, AttributeError) as exc:
+                missing.append(f"not observed: {ways[name].observes} ({target.path}: {exc})")
+        if ways["optimizer"].available:
+            from msmon_nb.collect.graph import OptimizerTap
+
+            # without the cache, steps first compiled inside the watch still get the tap
+            self.tap = OptimizerTap(compile_cache())
+            self._tap_why = ways["compile_cache"].missing_message(version)
+        if missing:
+            self.monitor.warn_once(
+                "ways in",
+                "; ".join(missing) + ". The loop runs; the rest is recorded, and "
+                "mon.step(...) records what is missing",
+            )
 
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         had = name in vars(owner)
-        self._saved.append((owner, name, vars(owner).get(name), had))
+        old = vars(owner).get(name)
         setattr(owner, name, value)
+        self._saved.append((owner, name, old, had))
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None and self.pending and not self.opt_seen and self.kind != "cell":
+                self._finish()  # before the tap goes: a jit step's norm is still there
+        except StopTraining:
+            pass
         try:
             for owner, name, old, had in reversed(self._saved):
                 if had:
@@ -192,28 +184,173 @@ class Watch:
                 else:
                     delattr(owner, name)
             self._saved.clear()
+            if self.tap is not None:
+                self.tap.uninstall()
+            for cell in self._recompiled_cells:
+                cell.compile_cache.clear()
         finally:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
-        if exc_type is None and self.pending and not self.opt_seen:
-            self.monitor._guarded_finish(self._record_pending, raise_stop=False)
-        from msmon_nb.monitor import StopTraining
-
         return exc_type is not None and issubclass(exc_type, StopTraining)
 
-    def _with_callback_kw(self, method: Any, callbacks_index: int) -> Any:
-        """``method`` with the monitor's callback added (positional or keyword)."""
+    # --- the hooks ------------------------------------------------------------------------
+
+    def _forward_hook(self, original: Any, target: Any) -> Any:
+        watch, skip = self, target.skip
+
+        def forward_run(*args, **kwargs):
+            if watch._in_model:
+                return original(*args, **kwargs)
+            if watch._depth == 0:
+                watch._begin("grad")
+            watch._depth += 1
+            watch._in_forward += 1
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                watch._depth -= 1
+                watch._in_forward -= 1
+            if watch._in_forward:  # a grad taken inside the forward pass: not the step's loss
+                return out
+            if watch.batch_size is None:
+                watch.batch_size = batch_size_of(args[skip:])
+            # (run_args, output), or only run_args (GradOperation on MindSpore 2.7)
+            pair = isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], tuple)
+            if watch.collect and pair:
+                watch.loss = out[1]
+            return out
+
+        return forward_run
+
+    def _backward_hook(self, original: Any, target: Any) -> Any:
+        watch = self
+
+        def grad_backward(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if watch.collect and not watch._in_model and not watch._in_forward:
+                watch.grads = out
+            return out
+
+        return grad_backward
+
+    def _optimizer_hook(self, original: Any, target: Any) -> Any:
+        watch = self
+
+        def optimizer_call(opt, *args, **kwargs):
+            if watch._in_opt or watch._in_model:
+                return original(opt, *args, **kwargs)
+            top = watch._depth == 0
+            if top:
+                watch._begin("opt")
+            lr = None
+            if watch.collect and watch._wants("learning_rate"):
+                lr = watch._guard(read_lr, opt)
+            watch._in_opt += 1
+            watch._depth += 1
+            try:
+                out = original(opt, *args, **kwargs)
+            finally:
+                watch._in_opt -= 1
+                watch._depth -= 1
+            watch._opt_calls += 1
+            watch.opt, watch.lr = opt, lr
+            if watch.collect:
+                watch.opt_grads = args[0] if args else kwargs.get("gradients")
+            watch.opt_seen = True
+            if top:
+                watch._finish()
+            return out
+
+        return optimizer_call
+
+    def _cell_hook(self, original: Any, target: Any) -> Any:
+        watch = self
+
+        def cell_call(cell, *args, **kwargs):
+            if watch._depth or watch._in_model:
+                return original(cell, *args, **kwargs)
+            train = watch._is_train_cell(cell)
+            watch._begin("train_cell" if train else "cell")
+            if train:
+                watch._prepare_graph_cell(cell)
+            calls = watch._opt_calls
+            watch._depth += 1
+            try:
+                out = original(cell, *args, **kwargs)
+            finally:
+                watch._depth -= 1
+            if not train and watch._opt_calls == calls:
+                return out  # a forward pass of the user's (evaluation, logging): no step
+            watch._train_cells[id(cell)] = True
+            watch.kind = "train_cell"
+            if watch.batch_size is None:
+                watch.batch_size = batch_size_of(args)
+            if watch.collect:
+                loss = _first(out)
+                if int(getattr(loss, "size", 0) or 0) == 1:
+                    watch.loss = loss
+            watch._finish(opt_ran=watch._opt_calls != calls or watch.jit_ran)
+            return out
+
+        return cell_call
+
+    def _reducer_hook(self, original: Any, target: Any) -> Any:
+        watch = self
+
+        def reducer_call(reducer, *args, **kwargs):
+            watch._in_opt += 1  # its own jit graphs are not steps
+            watch._depth += 1
+            try:
+                out = original(reducer, *args, **kwargs)
+            finally:
+                watch._in_opt -= 1
+                watch._depth -= 1
+            if watch.collect and not watch._in_model:
+                watch.reduced = out  # data parallel: the gradients every rank applies
+            return out
+
+        return reducer_call
+
+    def _jit_hook(self, original: Any, target: Any) -> Any:
+        watch = self
+
+        def jit_executor_call(executor, *args, **kwargs):
+            if watch._in_opt or watch._in_model:
+                return original(executor, *args, **kwargs)
+            top = watch._depth == 0
+            if top:
+                watch._begin("jit")
+            watch._install_tap()
+            watch._depth += 1
+            try:
+                out = original(executor, *args, **kwargs)
+            finally:
+                watch._depth -= 1
+            watch.jit_ran = True
+            if top:
+                if watch.batch_size is None:
+                    obj = getattr(executor, "obj", None)
+                    watch.batch_size = batch_size_of(args[1:] if obj is not None else args)
+                if watch.collect:
+                    watch._take_jit_output(out)
+            return out
+
+        return jit_executor_call
+
+    def _model_hook(self, original: Any, target: Any) -> Any:
+        # where `callbacks` sits: train(epoch, dataset, callbacks, ...), eval(dataset,
+        # callbacks), fit(epoch, dataset, valid_dataset, valid_frequency, callbacks, ...)
+        index = {"train": 2, "fit": 4, "eval": 1}[target.name]
         watch = self
 
         def wrapped(model, *args, **kwargs):
-            if len(args) > callbacks_index:
-                i = callbacks_index
-                args = (*args[:i], watch._with_callback(args[i]), *args[i + 1 :])
+            if len(args) > index:
+                args = (*args[:index], watch._with_callback(args[index]), *args[index + 1 :])
             else:
                 kwargs["callbacks"] = watch._with_callback(kwargs.get("callbacks"))
             watch._in_model += 1
             try:
-                return method(model, *args, **kwargs)
+                return original(model, *args, **kwargs)
             finally:
                 watch._in_model -= 1
 
@@ -235,33 +372,73 @@ class Watch:
             self._callback = self.monitor.callback()
         return [*items, self._callback]
 
+    # --- graphs ---------------------------------------------------------------------------
+
+    def _install_tap(self) -> None:
+        """Before the first jit step runs: wrap the optimizers and drop compiled phases."""
+        tap = self.tap
+        if tap is None or tap.installed or not self._wants("grad_norm", "learning_rate"):
+            return
+        self.monitor.guard("wrapping the optimizers for jit steps", tap.install)
+
+    def _prepare_graph_cell(self, cell: Any) -> None:
+        """A train cell run in GRAPH_MODE compiles like a jit step: same tap, and its own
+        compile cache dropped once so that it compiles with the wrapper."""
+        import mindspore as ms
+
+        if ms.get_context("mode") != ms.GRAPH_MODE or any(
+            c is cell for c in self._recompiled_cells
+        ):
+            return
+        self._install_tap()
+        cache = getattr(cell, "compile_cache", None)
+        if isinstance(cache, set) and self.tap is not None and self.tap.installed:
+            cache.clear()
+            self._recompiled_cells.append(cell)
+        self.jit_ran = True
+
+    def _is_train_cell(self, cell: Any) -> bool:
+        known = self._train_cells.get(id(cell))
+        if known is None:
+            from mindspore import nn
+
+            known = isinstance(cell, nn.TrainOneStepCell) or any(
+                isinstance(c, nn.Optimizer) for _, c in cell.cells_and_names()
+            )
+            self._train_cells[id(cell)] = known
+        return known
+
     # --- step bookkeeping ---------------------------------------------------------------
 
-    def _wants(self, metric: str) -> bool:
-        return self.monitor.config.tracks(metric)
+    def _wants(self, *metrics: str) -> bool:
+        return any(self.monitor.config.tracks(m) for m in metrics)
 
     def _guard(self, fn, *args):
-        return self.monitor._guard("reading " + fn.__name__, fn, *args)
+        return self.monitor.guard("reading " + fn.__name__, fn, *args)
 
-    def _begin_unit(self) -> None:
-        """A grad call or jit step starts: without optimizers, it ends the previous step.
-
-        The collect decision is taken here, so ``set_collect_freq`` between two steps
-        applies to the very next one.
-        """
-        if self.pending and not self.opt_seen:
-            self._record_pending()
-        monitor = self.monitor
-        if monitor.stop_requested or monitor.paused:  # asked between steps: start no new one
-            monitor._boundary(raise_stop=True)
+    def _begin(self, kind: str) -> None:
+        """A top-level framework call starts. Grad, jit and train-cell calls start a step
+        (ending a previous one that no optimizer call ended); other calls join the open
+        step or open one. The collect decision is taken here, so ``set_collect_freq``
+        between two steps applies to the very next one."""
+        if self.pending:
+            if kind in ("opt", "cell") or self.opt_seen:
+                return
+            if self.kind == "train_cell":  # only framework work so far: this call starts the step
+                self.kind = kind
+                return
+            self._finish()
+        rec = self.monitor
+        if rec.stop_requested or rec.paused:  # asked between steps: start no new one
+            rec.boundary(raise_stop=True)
         self.pending = True
-        self.collect = monitor.will_collect(monitor.step_count)
-        monitor._mark_step_start()
-        self._t_begin = time.perf_counter()
-
-    def _record_pending(self) -> None:
-        self.pending = False
-        self._finish(opt=None, opt_grads=None, lr=None)
+        self.kind = kind
+        self.collect = rec.will_collect(rec.step_count)
+        rec.mark_step_start()
+        self._t_first = time.perf_counter()
+        tap = self.tap
+        if self.collect and tap is not None and tap.installed:
+            self._tap_before = self._guard(tap.read_count) or 0
 
     def _take_jit_output(self, out: Any) -> None:
         items = out if isinstance(out, tuple | list) else (out,)
@@ -275,42 +452,79 @@ class Watch:
             elif isinstance(second, tuple | list) and flatten_tensors(second):
                 self.grads = second
 
-    def _finish(self, opt: Any, opt_grads: Any, lr: Any) -> None:
+    def _read_tap(self) -> None:
+        """On a collected step that ran a graph: the optimizer's norm and lr, if it ran."""
+        tap = self.tap
+        if tap is None or not tap.installed or not self.jit_ran:
+            return
+        got = self._guard(tap.read)
+        if got is None or got[0] <= self._tap_before:
+            return
+        _, norm, lr = got
+        self.grad_norm = norm
+        if self.lr is None and self._wants("learning_rate"):
+            self.lr = lr
+
+    def _finish(self, opt_ran: bool = True) -> None:
         """Record the step that just ended, then run the step-boundary controls."""
         self.pending = False
-        monitor = self.monitor
+        rec = self.monitor
         now = time.perf_counter()
-        if self._t_begin is not None:
-            waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
-            monitor._add_timing(waited, now - self._t_begin)
-            self._t_begin = None
+        if self._t_first is not None:
+            waited = self._t_first - self._t_end if self._t_end is not None else 0.0
+            rec.add_timing(waited, now - self._t_first)
+            self._t_first = None
         if self.collect:
-            # all-reduced gradients first (identical on every rank), else the raw ones
-            # before any clipping, else what the optimizer received
-            grads = next((g for g in (self.reduced, self.grads, opt_grads) if g is not None), None)
+            self._read_tap()
+            if self.kind == "train_cell":
+                # a train cell: what its optimizer received (unscaled when loss-scaled)
+                grads = self.reduced if self.reduced is not None else self.opt_grads
+            else:
+                # all-reduced gradients first (identical on every rank), else the raw
+                # ones before any clipping, else what the optimizer received
+                candidates = (self.reduced, self.grads, self.opt_grads)
+                grads = next((g for g in candidates if g is not None), None)
             global_step = None
-            if opt is not None and self._wants("global_step"):
-                global_step = self._guard(read_global_step, opt)
+            if self.opt is not None and self._wants("global_step"):
+                global_step = self._guard(read_global_step, self.opt)
                 global_step = None if global_step is None else global_step - 1
-            params = list(getattr(opt, "parameters", ())) if opt is not None else None
-            monitor._record_step(
+            if grads is not None or self.grad_norm is not None:
+                self._norm_seen = True
+            elif opt_ran and not self._norm_seen and self._wants("grad_norm"):
+                rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
+            rec.record_step(
                 loss=self.loss,
                 grads=grads,
                 grad_norm=self.grad_norm,
-                lr=lr,
+                lr=self.lr,
                 batch_size=self.batch_size,
                 global_step=global_step,
-                params=params,
+                params=list(getattr(self.opt, "parameters", ())) if self.opt is not None else None,
                 collect=True,
             )
         else:
-            monitor._record_step(batch_size=self.batch_size, collect=False)
+            rec.record_step(batch_size=self.batch_size, collect=False)
         self._reset()
-        self.collect = monitor.will_collect(monitor.step_count)
+        self.collect = rec.will_collect(rec.step_count)
         try:
-            monitor._boundary(raise_stop=True)
+            rec.boundary(raise_stop=True)
         finally:
             self._t_end = time.perf_counter()  # our own boundary work is not data time
+
+    def _why(self) -> str:
+        if self.jit_ran:
+            if self.tap is None or self._tap_why:
+                return (
+                    "the step is a graph compiled before the watch began, and it cannot be "
+                    f"recompiled with the optimizer tap ({self._tap_why or 'no optimizer hook'})"
+                )
+            return (
+                "the compiled step called no mindspore.nn optimizer taking (gradients) "
+                "(a hand-written update, or an optimizer with another signature)"
+            )
+        if not any(s[1] in ("_pynative_func_grad_backward", "grad") for s in self._saved):
+            return "this MindSpore's PyNative gradients could not be hooked (see the warning)"
+        return "no gradients passed through a grad function or an optimizer this step"
 
 
 def active_watch() -> Watch | None:

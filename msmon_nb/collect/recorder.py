@@ -1,0 +1,88 @@
+"""The narrow interface every way in records into; ``Monitor`` implements it.
+
+The adapters in ``collect/`` (``watch()``, the ``Model.train`` callback) turn framework
+objects into numbers and step boundaries. They never import ``monitor.py``: they are
+handed a ``Recorder`` and use only what is declared here, so a test (or another front
+end) can drive them with any object that has these members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from msmon_nb.config import MonitorConfig
+
+
+class StopTraining(BaseException):
+    """Raised at a step boundary to end the user's loop (stop button, alert action).
+
+    A ``BaseException``, so a user's ``except Exception`` does not swallow it.
+    """
+
+
+class Recorder(Protocol):
+    """What a way in may read from, and call on, the session it records into."""
+
+    config: MonitorConfig
+    step_count: int  # the index the next recorded step gets
+    last_step: int | None
+    paused: bool
+
+    @property
+    def stop_requested(self) -> bool: ...
+
+    def will_collect(self, step: int) -> bool:
+        """True when ``step`` is collected (its scalars computed and emitted)."""
+        ...
+
+    def record_step(
+        self,
+        *,
+        loss: Any = None,
+        grads: Any = None,
+        grad_norm: Any = None,
+        lr: Any = None,
+        batch_size: int | None = None,
+        global_step: int | None = None,
+        params: list | None = None,
+        collect: bool,
+    ) -> None:
+        """Count a finished step (index ``step_count``); on collected steps, emit it."""
+        ...
+
+    def add_timing(self, data_secs: float, compute_secs: float) -> None:
+        """Where the step's time went: waiting for the next batch, or framework work."""
+        ...
+
+    def mark_step_start(self) -> None:
+        """The first step begins now (throughput and step time count from here)."""
+        ...
+
+    def boundary(self, raise_stop: bool) -> bool:
+        """Step-boundary controls (panel events, pause, stop, debugger); True to stop."""
+        ...
+
+    def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; a failure is warned about once and returns None."""
+        ...
+
+    def warn_once(self, key: str, message: str) -> None:
+        """One ``MonitorWarning`` per ``key``."""
+        ...
+
+    def attached(self, how: str) -> None:
+        """A way in is active (the verbose notice names it)."""
+        ...
+
+    def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Extra scalars at ``step`` (default: the last step)."""
+        ...
+
+    def flush(self) -> None:
+        """Push what was recorded to the outputs."""
+        ...
+
+    def callback(self) -> Any:
+        """A ``mindspore.train.Callback`` recording ``Model.train`` into this recorder."""
+        ...
