@@ -69,6 +69,11 @@ try:
     out["tensor_ok"] = got.tolist() == [2.0, 4.0]
 except Exception as exc:
     out["tensor_error"] = f"{{type(exc).__name__}}: {{exc}}"
+try:
+    from msmon_nb.collect.hooks import ways_in
+    out["ways_in"] = ways_in()
+except Exception as exc:
+    out["ways_in_error"] = f"{{type(exc).__name__}}: {{exc}}"
 print({_PROBE_TAG!r} + json.dumps(out), flush=True)
 """
 
@@ -316,7 +321,7 @@ def check_mindspore(probe: dict[str, Any]) -> Check:
             FAIL,
             "not installed",
             "collecting needs MindSpore in this interpreter (viewing and export do not)",
-            "pip install 'mindspore>=2.10'",
+            "pip install 'mindspore>=2.7,<2.11'",
             {"mindspore": None, "device": None},
         )
     if not probe["ok"]:
@@ -326,7 +331,7 @@ def check_mindspore(probe: dict[str, Any]) -> Check:
             "import fails",
             f"`import mindspore` failed: {probe['error']}",
             f"{sys.executable} -c 'import mindspore' shows the whole error; reinstall with "
-            "pip install --force-reinstall 'mindspore>=2.10'",
+            "pip install --force-reinstall 'mindspore>=2.7,<2.11'",
             {"mindspore": None, "device": None},
         )
     facts = {
@@ -345,6 +350,47 @@ def check_mindspore(probe: dict[str, Any]) -> Check:
             facts,
         )
     return Check("mindspore", OK, value, facts=facts)
+
+
+def check_ways_in(probe: dict[str, Any]) -> Check:
+    """Which of watch()'s ways in the installed MindSpore offers (``collect.hooks``)."""
+    if not probe.get("ok"):
+        return Check("ways in", INFO, "unknown", "MindSpore does not import (see above)")
+    ways = probe.get("ways_in")
+    if ways is None:
+        return Check(
+            "ways in",
+            WARN,
+            "unknown",
+            f"looking them up failed: {probe.get('ways_in_error')}",
+            "reinstall msmon_nb in this interpreter: pip install -e .",
+        )
+    lines = []
+    for name, way in ways.items():
+        if not way["available"]:
+            mark = "missing"
+        elif way.get("absent"):
+            mark = "partly (" + ", ".join(way["absent"]) + " absent)"
+        else:
+            mark = "at " + str(way["where"])
+        lines.append(f"{name}: {mark}")
+    usable = sum(1 for w in ways.values() if w["available"] and not w.get("absent"))
+    value = f"{usable}/{len(ways)} available: " + ", ".join(
+        n for n, w in ways.items() if w["available"] and not w.get("absent")
+    )
+    facts = {"ways_in": {n: bool(w["available"]) for n, w in ways.items()}}
+    if usable == len(ways):
+        return Check("ways in", OK, value, "; ".join(lines), facts=facts)
+    return Check(
+        "ways in",
+        WARN,
+        value,
+        "; ".join(lines) + ". A watched loop records what the others observe and warns once "
+        "about the rest",
+        "mon.step(loss=..., grad_norm=..., lr=...) records it explicitly; or use a "
+        "MindSpore msmon_nb supports (2.7 to 2.10)",
+        facts,
+    )
 
 
 def check_numpy(probe: dict[str, Any]) -> Check:
@@ -681,6 +727,7 @@ def run_doctor(
     found = probe.result()
     middle = [
         _guarded("mindspore", lambda: check_mindspore(found)),
+        _guarded("ways in", lambda: check_ways_in(found)),
         _guarded("numpy", lambda: check_numpy(found)),
         _guarded("protobuf", lambda: check_protobuf(found)),
     ]

@@ -212,3 +212,19 @@ def test_a_crashing_check_is_reported_not_raised():
     result = doctor._guarded("ipywidgets", broken)
     assert result.status == WARN
     assert "half-installed package" in result.detail
+
+
+def test_ways_in_all_available_and_partly():
+    from msmon_nb.doctor import OK, WARN, check_ways_in
+
+    way = {"available": True, "where": "x.y", "absent": [], "observes": "o"}
+    full = {"forward": way, "jit": way}
+    check = check_ways_in({"ok": True, "ways_in": full})
+    assert check.status == OK and check.value.startswith("2/2 available")
+    partly = dict(full, forward=dict(way, absent=["m.GradOperation._pynative_forward_run"]))
+    partly["jit"] = dict(way, available=False, where=None)
+    check = check_ways_in({"ok": True, "ways_in": partly})
+    assert check.status == WARN and check.value.startswith("0/2")
+    assert "GradOperation._pynative_forward_run absent" in check.detail
+    assert "jit: missing" in check.detail and "mon.step" in check.fix
+    assert check_ways_in({"ok": False}).status != OK
