@@ -54,13 +54,14 @@ while time.perf_counter() - t0 < {secs}:
     loss, grads = grad_fn(X, Y)
     opt(grads)
     n += 1
+rate = n / (time.perf_counter() - t0)  # the loop alone: not the cell's start and end
 """
 
 REPORT = """p = SESSION.last_panel
-print("STEPS", n / (time.perf_counter() - t0), end=" ")
+print("STEPS", rate, end=" ")
 if p is not None:
     print("PANEL", p.kernel_fraction, p.messages, p.bytes_sent, p.kernel_time,
-          p.costs["pump"], p.costs["send"], end="")
+          p.costs["pump"], p.costs["send"], p.finish_secs, end="")
 print()"""
 
 
@@ -108,7 +109,7 @@ def kernel_side(blocks: int, secs: float) -> None:
     km, kc = start_new_kernel(kernel_name="python3")
     page = Page(kc)
     rates: dict[str, list[float]] = {"panel": [], "no panel": []}
-    shares, msg_rates, byte_rates, parts = [], [], [], []
+    shares, msg_rates, byte_rates, parts, finishes = [], [], [], [], []
     try:
         page.run(SETUP)
         with tempfile.TemporaryDirectory() as base:
@@ -124,6 +125,7 @@ def kernel_side(blocks: int, secs: float) -> None:
                         msg_rates.append(float(words[4]) / secs)
                         byte_rates.append(float(words[5]) / secs)
                         parts.append((float(words[7]) / secs, float(words[8]) / secs))
+                        finishes.append(float(words[9]))
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -138,6 +140,7 @@ def kernel_side(blocks: int, secs: float) -> None:
     pump, send = (spread([100 * p[i] for p in parts]) for i in (0, 1))
     print(f"     of which: widget messages in {pump} %, updates out {send} %")
     print(f"   messages/s {spread(msg_rates)}, bytes/s {spread(byte_rates)}")
+    print(f"   once, after the loop: final picture and state {spread(finishes)} s")
 
 
 BIG = """%%msmonitor --dir {base} --run big

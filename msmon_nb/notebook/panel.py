@@ -84,6 +84,7 @@ class Panel:
         self.bytes_sent = 0
         self.kernel_time = 0.0  # seconds spent in on_boundary, pump and drawing included
         self.png_time = 0.0
+        self.finish_secs = 0.0
         self.costs = {"pump": 0.0, "send": 0.0}  # parts of kernel_time, for bench/panel.py
         self._series: Mapping[str, Any] = {}
         self._alerts: list[Any] = []
@@ -334,7 +335,11 @@ class Panel:
         self._next_png = self.clock() + max(self.refresh, cost / self.budget)
 
     def finish(self, status: str) -> None:
-        """Final update with the run's end status and the static picture in the output."""
+        """Final update with the run's end status and the static picture in the output.
+
+        Its cost (``finish_secs``, mostly the matplotlib picture) is paid once, after the
+        training ended, and kept apart from ``kernel_time``."""
+        began = self.clock()
         self.state = status
         self.live = False
         self.detach()
@@ -355,6 +360,7 @@ class Panel:
                 self.handle.update(_png_bundle(self.widget.static_png, self.widget.title), raw=True)
             else:
                 self.handle.update(self.widget.bundle(), raw=True)
+        self.finish_secs = self.clock() - began
 
     @property
     def kernel_fraction(self) -> float:
