@@ -91,7 +91,7 @@ class Actions:
         if mon.write_dir is not None:
             data = alert.to_dict()
             data["wall_time"] = time.time()
-            mon._guard("writing alerts.jsonl", append_jsonl, mon.write_dir / ALERTS, data)
+            mon.guard("writing alerts.jsonl", append_jsonl, mon.write_dir / ALERTS, data)
         action = self.diagnoser.action(alert.kind)
         if action == "snapshot":
             self.snapshot_for_alert(alert)
@@ -142,7 +142,7 @@ class Actions:
                 entry = dict(
                     item.to_dict(), step=step, reason=reason, wall_time=wall, rank=mon.ranks.rank
                 )
-                mon._guard(
+                mon.guard(
                     "writing snapshots.jsonl", append_jsonl, mon.write_dir / SNAPSHOTS, entry
                 )
         mon.snapshots.extend(

@@ -109,7 +109,7 @@ class RankWatcher:
                 env=_child_env(),
             )
         except OSError as exc:
-            mon._warn_once("rankwatch", f"cannot start the cross-rank watcher: {exc}")
+            mon.warn_once("rankwatch", f"cannot start the cross-rank watcher: {exc}")
         return self
 
     def close(self) -> None:
@@ -127,7 +127,7 @@ class RankWatcher:
         from msmon_nb.events.runs import ALERTS
 
         recorder = CrossRankRecorder(mon.run_dir, mon.write_dir / ALERTS)
-        found = mon._guard("cross-rank checks", recorder.check) or []
+        found = mon.guard("cross-rank checks", recorder.check) or []
         for alert in found:
             log.warning("msmon: %s", alert.message)
         mon.alerts.extend(self._watcher_found(recorder, found))
