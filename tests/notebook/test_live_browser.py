@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from msmon_nb.events.runs import load_run
 from tests.notebook.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
@@ -129,6 +130,15 @@ def test_panel_is_live_in_the_browser_while_the_cell_runs(tmp_path, app):
         moved = sample(page)
         assert moved["step"] > still["step"]
         assert "Pause" in moved["buttons"]
+        # collect every N, typed in the page, reaches the running loop
+        page.fill(".msmon-freq", "5")
+        page.dispatch_event(".msmon-freq", "change")
+        page.wait_for_function(
+            "document.querySelector('.msmon-status').textContent.includes('every 5 steps')",
+            timeout=10_000,
+        )
+        changed_at = sample(page)["step"]
+        time.sleep(1.5)
         # Stop ends the cell within 2 s
         click(page, "Stop")
         began = time.monotonic()
@@ -140,6 +150,10 @@ def test_panel_is_live_in_the_browser_while_the_cell_runs(tmp_path, app):
         )
         save(page)
 
+    run = load_run(tmp_path / "summary" / "live")
+    assert run.status == "stopped"
+    late = [s for s in run.scalars("train/loss").steps.tolist() if s > changed_at]
+    assert late and all(step % 5 == 0 for step in late), late  # every 5th step after it
     nb = json.loads((tmp_path / "live.ipynb").read_text())
     outputs = nb["cells"][1]["outputs"]
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
