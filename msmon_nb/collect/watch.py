@@ -386,16 +386,16 @@ class Watch:
         compile cache dropped once so that it compiles with the wrapper."""
         import mindspore as ms
 
-        if ms.get_context("mode") != ms.GRAPH_MODE or any(
-            c is cell for c in self._recompiled_cells
-        ):
+        if ms.get_context("mode") != ms.GRAPH_MODE:
+            return
+        self.jit_ran = True
+        if any(c is cell for c in self._recompiled_cells):
             return
         self._install_tap()
         cache = getattr(cell, "compile_cache", None)
         if isinstance(cache, set) and self.tap is not None and self.tap.installed:
             cache.clear()
             self._recompiled_cells.append(cell)
-        self.jit_ran = True
 
     def _is_train_cell(self, cell: Any) -> bool:
         known = self._train_cells.get(id(cell))

@@ -257,3 +257,20 @@ def test_repeated_model_train_continues_the_step_count(tmp_path):
     run = check_run(mon, 30, ref_norm, lr=lr, first=1)
     assert run.scalars("train/loss").steps.tolist() == list(range(1, 31))
     assert mon.last_step == 30
+
+
+def test_train_one_step_cell_in_graph_mode_compiled_before_the_watch(tmp_path):
+    lr = tiny.warmup_lr(STEPS + 2)
+    ref_loss, ref_norm = reference(STEPS + 1, lr)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        step = train_cell("plain", lr)
+        x, y = tiny.data()
+        batches = list(tiny.batches(x, y, steps=STEPS + 1))
+        step(*batches[0])  # compiled and run before monitoring starts
+        with Monitor(save_dir=str(tmp_path)) as mon, mon.watch():
+            for a, b in batches[1:]:
+                step(a, b)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    check_run(mon, STEPS, ref_norm[1:], lr=lr[1 : STEPS + 1], losses=ref_loss[1:])
