@@ -7,6 +7,7 @@ synchronised with the device.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -56,6 +57,33 @@ def param_stats(
     return out
 
 
+def norm_on_device(leaves: Sequence[Any]) -> bool:
+    """Where the global norm is computed: ``MSMON_GRAD_NORM_PATH=device|host`` decides,
+    else the device when the gradients are MindSpore tensors on an accelerator.
+
+    On CPU the host path is fastest (``asnumpy`` shares memory; a BLAS dot per
+    gradient). On Ascend/GPU it would copy every gradient over the bus, O(parameters)
+    bytes, so there the reduction runs where the gradients live and one scalar is copied.
+    """
+    forced = os.environ.get("MSMON_GRAD_NORM_PATH", "").strip().lower()
+    if forced in ("device", "host"):
+        return forced == "device" and hasattr(leaves[0], "asnumpy")
+    if not hasattr(leaves[0], "asnumpy"):
+        return False
+    import mindspore as ms
+
+    return ms.get_context("device_target") != "CPU"
+
+
+def device_global_norm(leaves: Sequence[Any]) -> float:
+    """sqrt(sum ||g||^2) reduced on the device (float32); 4 bytes reach the host."""
+    import mindspore as ms
+    from mindspore import ops
+
+    squares = [ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in leaves]
+    return float(to_float(ops.sqrt(ops.addn(squares))))
+
+
 # the tag each core metric is recorded under
 TAGS = {
     "loss": "train/loss",
@@ -91,7 +119,11 @@ def step_values(
         if grad_norm is not None:
             values[TAGS["grad_norm"]] = float(to_float(grad_norm))
         elif leaves:
-            values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves)
+            values[TAGS["grad_norm"]] = (
+                device_global_norm(leaves)
+                if norm_on_device(leaves)
+                else global_norm(to_numpy(g) for g in leaves)
+            )
     if tracks("learning_rate") and lr is not None:
         value = to_float(lr)
         if value is not None:
@@ -101,6 +133,10 @@ def step_values(
             values[TAGS["step_time"]] = step_time
         if tracks("throughput") and samples:
             values[TAGS["throughput"]] = samples / step_time
+            if config.throughput_baseline:
+                # this rank's samples/s over the per-device baseline, i.e. the job's
+                # throughput / (baseline x ranks): MindFormers' throughput_linearity
+                values["train/linearity"] = samples / step_time / config.throughput_baseline
     if tracks("global_step") and global_step is not None:
         values[TAGS["global_step"]] = float(global_step)
     if tracks("param_stats") and params:
