@@ -424,7 +424,7 @@ class Watch:
         if self.pending:
             if kind in ("opt", "cell") or self.opt_seen:
                 return
-            if self.kind == "train_cell":  # only framework work so far: this call starts the step
+            if self.kind == "cell":  # only framework work so far: this call starts the step
                 self.kind = kind
                 return
             self._finish()

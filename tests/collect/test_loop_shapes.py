@@ -274,3 +274,31 @@ def test_train_one_step_cell_in_graph_mode_compiled_before_the_watch(tmp_path):
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
     check_run(mon, STEPS, ref_norm[1:], lr=lr[1 : STEPS + 1], losses=ref_loss[1:])
+
+
+def test_forward_calls_between_steps_are_not_steps(tmp_path):
+    x, y = tiny.data()
+    net = tiny.mlp()
+    loss_fn = tiny.loss_fn()
+    params = net.trainable_params()
+    opt = nn.SGD(params, learning_rate=0.05)
+
+    def forward(a, b):
+        return loss_fn(net(a), b)
+
+    value_and_grad = ms.value_and_grad(forward, None, params)
+    grad = ms.grad(forward, None, params)
+    with Monitor(save_dir=str(tmp_path)) as mon, mon.watch():
+        for a, b in tiny.batches(x, y, steps=6):
+            net(a)  # e.g. accuracy on the batch, before the step
+            _, grads = value_and_grad(a, b)
+            opt(grads)
+            net(a)  # and after it
+    assert mon.step_count == 6
+    with Monitor(save_dir=str(tmp_path)) as mon, mon.watch():  # no optimizer: grad calls
+        for a, b in tiny.batches(x, y, steps=6):
+            net(a)
+            for p, g in zip(params, grad(a, b), strict=True):
+                ops.assign(p, p - 0.05 * g)
+    assert mon.step_count == 6
+    assert load_run(mon.run_dir).scalars("train/grad_norm").steps.tolist() == list(range(6))
