@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class MonitorConfig:
     max_file_size: int | None = None
     flush_secs: float = 1.0
     mlflow_tracking_uri: str | None = None
+    throughput_baseline: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,7 +101,13 @@ class MonitorConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MonitorConfig:
-        """Build from a dict; a nested ``monitor_config`` key is unwrapped."""
+        """Build from a dict; a nested ``monitor_config`` key is unwrapped.
+
+        MindFormers' ``TrainingStateMonitor`` keys are mapped (``config_mindformers``);
+        those we do not support yet are named in one ``MonitorWarning`` and ignored.
+        """
+        from msmon_nb.config_mindformers import KEYS, apply_mindformers, warn_ignored
+
         if not isinstance(data, Mapping):
             raise ConfigError(
                 f"monitor_config must be a mapping of field names to values, got "
@@ -116,7 +124,13 @@ class MonitorConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         given: dict[str, str] = {}  # field -> alias the user wrote
+        mindformers: dict[str, Any] = {}
         for key, value in data.items():
+            if key in KEYS:
+                mindformers[key] = value
+                continue
+            if key == "target" and value in (None, []):
+                continue  # MindFormers: no target selects every parameter
             name = ALIASES.get(key, key)
             if name not in names:
                 close = difflib.get_close_matches(str(key), sorted(names | set(ALIASES)), n=1)
@@ -130,13 +144,16 @@ class MonitorConfig:
             kwargs[name] = value
             if name != key:
                 given[name] = key
+        ignored = apply_mindformers(mindformers, kwargs)
         try:
-            return cls(**kwargs)
+            config = cls(**kwargs)
         except ConfigError as exc:
             for name, key in given.items():
                 if f"monitor_config.{name}=" in str(exc):
                     raise ConfigError(f"{exc} (set as {key!r}, an alias of {name!r})") from None
             raise
+        warn_ignored(ignored, stacklevel=3)
+        return config
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> MonitorConfig:
@@ -277,6 +294,17 @@ class MonitorConfig:
         if mfs is not None and (isinstance(mfs, bool) or not isinstance(mfs, int) or mfs < 4096):
             raise _fail(
                 "max_file_size", mfs, "must be bytes >= 4096 or null", "max_file_size: 268435456"
+            )
+        tb = self.throughput_baseline
+        if tb is not None and (
+            isinstance(tb, bool) or not isinstance(tb, int | float) or not 0 < tb < math.inf
+        ):
+            raise _fail(
+                "throughput_baseline",
+                tb,
+                "must be samples/s per device > 0, or null (YAML reads 1e3 without a dot "
+                "as text: write 1.0e3)",
+                "throughput_baseline: 1200.0",
             )
         fs = self.flush_secs
         if isinstance(fs, bool) or not isinstance(fs, int | float) or not 0 < fs <= 1:
