@@ -86,6 +86,10 @@ class OptimizerTap:
         self.lr = _scalar("msmon_tap_lr", 0.0, ms.float32)
         self.count = _scalar("msmon_tap_count", 0, ms.int32)
         self._saved: list[tuple[type, Any]] = []
+        # read by the wrapper: constant (False) where a graph compiles it; True while a
+        # PyNative optimizer call runs it in Python, where the watch already sees the
+        # gradients and the lr, and the norm would cost one op launch per gradient
+        self.mode = TapMode()
 
     @property
     def installed(self) -> bool:
@@ -96,7 +100,7 @@ class OptimizerTap:
             original = vars(cls)["construct"]
             if _takes_gradients_only(original):
                 self._saved.append((cls, original))
-                cls.construct = _tapped(original, self.norm, self.lr, self.count)
+                cls.construct = _tapped(original, self.norm, self.lr, self.count, self.mode)
         self._recompile()
 
     def uninstall(self) -> None:
@@ -133,10 +137,20 @@ def _takes_gradients_only(construct: Any) -> bool:
     return len(params) == 2 and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
 
 
-def _tapped(original: Any, norm: Parameter, lr_store: Parameter, count: Parameter) -> Any:
+class TapMode:
+    """Whether the tap wrapper runs in Python (PyNative optimizer call): then it skips."""
+
+    python = False
+
+
+def _tapped(
+    original: Any, norm: Parameter, lr_store: Parameter, count: Parameter, mode: TapMode
+) -> Any:
     # MindSpore parses this function's source when it compiles a graph that calls the
     # optimizer: it must stay plain graph syntax (closure variables, no try/with).
     def construct(self, gradients):
+        if mode.python:
+            return original(self, gradients)
         lr = self.get_lr()
         if self.is_group_lr:
             lr = lr[0]

@@ -247,11 +247,16 @@ class Watch:
                 lr = watch._guard(read_lr, opt)
             watch._in_opt += 1
             watch._depth += 1
+            tap_mode = watch.tap.mode if watch.tap is not None else None
+            if tap_mode is not None:
+                tap_mode.python = True  # we see this call: the tap need not compute
             try:
                 out = original(opt, *args, **kwargs)
             finally:
                 watch._in_opt -= 1
                 watch._depth -= 1
+                if tap_mode is not None:
+                    tap_mode.python = False
             watch._opt_calls += 1
             watch.opt, watch.lr = opt, lr
             if watch.collect:

@@ -302,3 +302,23 @@ def test_forward_calls_between_steps_are_not_steps(tmp_path):
                 ops.assign(p, p - 0.05 * g)
     assert mon.step_count == 6
     assert load_run(mon.run_dir).scalars("train/grad_norm").steps.tolist() == list(range(6))
+
+
+def test_jit_gradients_with_a_pynative_optimizer(tmp_path):
+    x, y = tiny.data()
+    net = tiny.mlp()
+    loss_fn = tiny.loss_fn()
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
+
+    def forward(a, b):
+        return loss_fn(net(a), b)
+
+    grad_fn = ms.jit(ms.value_and_grad(forward, None, opt.parameters))
+    norms = []
+    with Monitor(save_dir=str(tmp_path)) as mon, mon.watch() as watch:
+        for a, b in tiny.batches(x, y, steps=8):
+            _, grads = grad_fn(a, b)
+            norms.append(tiny.numpy_global_norm(grads))
+            opt(grads)  # in Python: the watch sees its gradients, the tap stays idle
+        assert watch.tap.installed and watch.tap.read_count() == 0
+    check_run(mon, 8, norms, lr=[0.05] * 8)
