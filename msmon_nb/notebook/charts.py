@@ -19,6 +19,8 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # shown as numbers elsewhere (global_step) or the inverse of a core chart (step_time)
 _NOT_CHARTED = frozenset({"train/global_step", "train/step_time"})
 MAX_LINES = 6
+# tags drawn alone under their own title (another unit than their group's)
+_OWN_CHART = {"train/linearity": "throughput linearity (throughput / baseline)"}
 # groups whose prefix alone says little
 _GROUP_TITLES = {
     ("train/compute_time", "train/data_time"): "step time (s): waiting for data vs compute",
@@ -56,7 +58,9 @@ def plan_charts(tags: list[str]) -> list[Chart]:
     for tag in sorted(by_base):
         if tag in core or tag in _NOT_CHARTED or tag.startswith("snap/"):
             continue
-        if tag.startswith("param/"):
+        if tag in _OWN_CHART:
+            key = _OWN_CHART[tag]
+        elif tag.startswith("param/"):
             key = "param " + tag.rsplit("/", 1)[-1]  # param grad_norm / param weight_norm
         else:
             key = tag.split("/", 1)[0] + "/" if "/" in tag else tag

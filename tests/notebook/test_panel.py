@@ -242,6 +242,7 @@ def test_charts_grouped_by_prefix_with_readable_titles():
         "train/data_time",
         "train/compute_time",
         "train/step_time",  # the inverse of throughput: not charted twice
+        "train/linearity",  # a ratio: not in the seconds chart of its group
         "val/accuracy",
         "val/f1",
     ]
@@ -252,6 +253,7 @@ def test_charts_grouped_by_prefix_with_readable_titles():
         "train/data_time",
     )
     assert charts["val/"] == ("val/accuracy", "val/f1")
+    assert charts["throughput linearity (throughput / baseline)"] == ("train/linearity",)
     assert not any("train/step_time" in t for t in charts.values())
 
 
