@@ -141,13 +141,8 @@ class Watch:
         missing = [m for m in (ways[n].missing_message(version) for n in used) if m]
         # read every original first: the Cell hook would otherwise be inherited as the
         # optimizer's "original"
-        plan = [
-            (target, original(target))
-            for name, make in makers.items()
-            for target in ways[name].targets
-        ]
-        for target, function in plan:
-            name = next(n for n, w in ways.items() if target in w.targets)
+        plan = [(name, t, original(t)) for name in makers for t in ways[name].targets]
+        for name, target, function in plan:
             try:
                 self._patch(target.owner, target.name, makers[name](function, target))
             except (TypeError, AttributeError) as exc:
