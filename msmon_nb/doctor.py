@@ -292,17 +292,22 @@ class Probe:
 # --- checks -----------------------------------------------------------------------------
 
 
+# The Pythons MindSpore 2.7-2.10 publish CPU wheels for, from 3.10 (README, "Python
+# versions"); 3.11 is the one the test suite runs on
+SUPPORTED_PYTHONS = ((3, 10), (3, 11), (3, 12))
+
+
 def check_python() -> Check:
     version = platform.python_version()
     facts = {"python": version, "executable": sys.executable, "prefix": sys.prefix}
-    if sys.version_info[:2] == (3, 11):
+    if sys.version_info[:2] in SUPPORTED_PYTHONS:
         return Check("python", OK, version, facts=facts)
     return Check(
         "python",
         WARN,
         version,
-        "msmon_nb is built and tested on Python 3.11 (as MindSpore 2.10's wheels are)",
-        "create the environment with Python 3.11: python3.11 -m venv .venv",
+        "msmon_nb supports Python 3.10-3.12, the Pythons MindSpore 2.7-2.10 publish wheels for",
+        "create the environment with Python 3.11 (the one tested here): python3.11 -m venv .venv",
         facts,
     )
 
