@@ -142,9 +142,7 @@ class Actions:
                 entry = dict(
                     item.to_dict(), step=step, reason=reason, wall_time=wall, rank=mon.ranks.rank
                 )
-                mon.guard(
-                    "writing snapshots.jsonl", append_jsonl, mon.write_dir / SNAPSHOTS, entry
-                )
+                mon.guard("writing snapshots.jsonl", append_jsonl, mon.write_dir / SNAPSHOTS, entry)
         mon.snapshots.extend(
             dict(it.to_dict(), step=step, reason=reason, histogram=it.hist) for it in items
         )
