@@ -22,8 +22,8 @@ nonfinite          critical  NaN/Inf in train/loss or train/grad_norm    exact
 loss_spike         warning   one step far above median, q90 spread and   exact (the step)
                              3x the largest recent excess
 loss_divergence    critical  3 steps in a row far above the median       exact (jump);
-                             (jump), or the smoothed loss risen well     approximate (drift)
-                             above its best (drift)
+                             (jump), or the smoothed (winsorised) loss   change point (drift)
+                             risen well above its best (drift)
 loss_plateau       warning   no significant improvement in 100 steps     exact (first step)
                              while < 10 % below the start                 when not learning
 lr_zero            warning   lr <= 0 for 3 steps                         exact
@@ -31,6 +31,15 @@ lr_warmup          warning   lr unchanged over the first 3 steps while   exact (
                              a warmup is configured, or tiny (<= 1e-7)
 lr_decay           warning   lr within 10 % of its peak at ``expect_by``  last lr change
                              (only when ``expect_by`` is configured)
+lr_rise            warning   lr up at each of 3 collected steps and      exact (first step
+                             >= 2x its earlier peak, after its warmup    of the rise)
+                             (undeclared; ``until`` declares one)
+rising_trend       warning   log-loss and log grad_norm (or lr x         change point of a
+                             grad_norm) rising together over 30 steps:   flat-then-rising
+                             loss slope t >= 1, partner x2 with t >= 6,  fit, late end of
+                             3 steps in a row                            its interval
+data_bound         warning   median data share >= 50 % over 10 steps     first data-bound
+                             and median wait >= 1 ms                     step of the window
 metric_missing     warning   a tracked 'group/tag' absent after 100      first step
                              collected steps
 step_order         warning   a series' step <= its previous step         exact

@@ -44,13 +44,20 @@ class Diagnoser:
         disabled = set(self.settings["disabled"])
         # tag -> ([(kind, rule)...], NonFinite | None): one lookup per tag per step
         routes: dict[str, tuple[list[tuple[str, Any]], NonFinite | None]] = {}
+        # tag -> observe(tag, value) of rules that read other series of the same step
+        # (rising_trend: grad_norm and lr next to the loss); fed before any rule runs
+        observers: dict[str, list[Callable[[str, float], None]]] = {}
         shared: dict = {}
         for kind in SERIES_RULES:
             params = self.settings[kind]
             if kind in disabled or (kind == "lr_decay" and params["expect_by"] is None):
                 continue
             rules, _ = routes.setdefault(params["tag"], ([], None))
-            rules.append((kind, make_rule(kind, params, shared)))
+            rule = make_rule(kind, params, shared)
+            rules.append((kind, rule))
+            for tag in getattr(rule, "companions", ()):
+                observers.setdefault(tag, []).append(rule.observe)
+        self._observers = observers
         if "nonfinite" not in disabled:
             patience = self.settings["nonfinite"]["patience"]
             for tag in self.settings["nonfinite"]["tags"]:
@@ -92,6 +99,13 @@ class Diagnoser:
             if found:
                 for tag, f in found:
                     self._raise(new, step, "step_order", tag, f, self._order_check(tag))
+        for tag, observe in self._observers.items():
+            value = values.get(tag)
+            if value is not None:
+                value = float(value)
+                if value - value == 0.0:
+                    for fn in observe:
+                        fn(tag, value)
         routes = self._routes
         for tag, value in values.items():
             route = routes.get(tag)

@@ -16,9 +16,11 @@ hard sample).
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.diagnose.base import TINY, EpisodeRule, Finding, short
+from msmon_nb.diagnose.trend import hinge_onset
 from msmon_nb.diagnose.window import Levels
 
 
@@ -166,7 +168,10 @@ class LossDivergence(EpisodeRule):
         "_first",
         "_high",
         "_high_since",
+        "_noise",
         "_peak",
+        "_recent",
+        "_recent_steps",
         "_run_max",
         "_run_ref",
         "_start",
@@ -217,6 +222,10 @@ class LossDivergence(EpisodeRule):
         self._run_max = 0.0
         self._first = 0.0
         self._ema = 0.0
+        self._noise = 0.0  # variance of value - average
+        # the last 3 x window values and their steps, for the onset of a drift
+        self._recent: deque[float] = deque(maxlen=3 * window)
+        self._recent_steps: deque[int] = deque(maxlen=3 * window)
         self._start: float | None = None
         self._best = 0.0
         self._best_step = 0
@@ -228,19 +237,31 @@ class LossDivergence(EpisodeRule):
         """Feed the loss at ``step``."""
         lv = self.levels
         lv.observe(step, value)
+        self._recent.append(value)
+        self._recent_steps.append(step)
         n = lv.n
+        d = value - self._ema
         if self._start is None:
             if n == 0:
                 self._first = self._ema = value
             else:
-                self._ema += self._alpha * (value - self._ema)
+                self._ema += self._alpha * d
+                self._noise += (d * d - self._noise) / n
             if n + 1 >= self.min_history:
                 self._start = _start_level(self._first, lv.win.median())
                 self._peak = self.scale * abs(self._start)
                 self._best = self._ema
                 self._best_step = step
             return None
-        ema = self._ema = self._ema + self._alpha * (value - self._ema)
+        # winsorised, as in LossPlateau: one outlier batch moves the average by at most
+        # 4 sigmas' worth, so a lone spike is a spike, never a drift
+        limit = 4.0 * math.sqrt(self._noise)
+        if limit > 0.0:
+            d = max(-limit, min(limit, d))
+        alpha = self._alpha
+        ema = self._ema = self._ema + alpha * d
+        slow = 0.25 * alpha
+        self._noise = (1.0 - slow) * (self._noise + slow * d * d)
         median = lv.median
         excess = value - median
         peak = self._peak * self._decay
@@ -284,7 +305,7 @@ class LossDivergence(EpisodeRule):
                 f"and check grad_norm around step {since}"
             )
         elif self._drift >= self.patience:
-            since = self._best_step
+            since = self._rise_start()
             message = (
                 f"{self.name} rising since step {since}: smoothed {fmt(ema)}, up from its "
                 f"best {fmt(best)} (started at {fmt(self._start)}); training is diverging: "
@@ -295,6 +316,15 @@ class LossDivergence(EpisodeRule):
             return None
         self.episode.start()
         return Finding(since, value, message)
+
+    def _rise_start(self) -> int:
+        """Where the rise began: the change point of a flat-then-rising fit to the last
+        ``3 x window`` values (in log when all are positive), never before the best."""
+        steps = list(self._recent_steps)
+        values = list(self._recent)
+        if all(v > 0.0 for v in values):
+            values = [math.log(v) for v in values]
+        return max(hinge_onset(steps, values), min(self._best_step, steps[-1]))
 
 
 _LEARNED = 0.1  # a loss less than 10 % below its start has not learned anything yet

@@ -12,21 +12,28 @@ COMPUTE_TAG = "train/compute_time"
 
 
 class DataBound:
-    """Steps spend ``share`` or more of their time waiting for data, over ``window`` steps.
+    """Steps spend ``share`` or more of their time waiting for data, over ``window`` steps,
+    and that wait is real: its median is at least ``min_wait`` seconds a step.
 
     Fed data_time and compute_time of each collected step (the monitor records both for
     ``Model.train`` and watched loops). Step times are noisy, so the test is on the
     median share of the last ``window`` collected steps; ``since_step`` is the first of
     those steps that was data-bound itself. Clears after ``QUIET`` steps whose median is
     below the share.
+
+    ``min_wait`` keeps the gap between two steps of a loop over in-memory tensors --
+    the loop's own Python (``.asnumpy()``, printing, list appends), a fraction of a
+    millisecond -- from passing for input waiting on a model that computes in less:
+    no input pipeline fix would win that time back.
     """
 
-    __slots__ = ("_recent", "_streak", "share", "window")
+    __slots__ = ("_recent", "_streak", "min_wait", "share", "window")
 
-    def __init__(self, *, share: float, window: int) -> None:
+    def __init__(self, *, share: float, window: int, min_wait: float = 0.0) -> None:
         self.share = share
         self.window = window
-        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self.min_wait = min_wait
+        self._recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=window)
         self._streak = Streak(patience=1)
 
     @property
@@ -39,16 +46,16 @@ class DataBound:
         total = data_secs + compute_secs
         if not total > 0:
             return None
-        self._recent.append((step, data_secs / total))
+        self._recent.append((step, data_secs / total, data_secs))
         if len(self._recent) < self.window:
             return None
-        median = statistics.median(f for _, f in self._recent)
-        if median < self.share:
+        median = statistics.median(f for _, f, _ in self._recent)
+        if median < self.share or statistics.median(w for _, _, w in self._recent) < self.min_wait:
             self._streak.miss()
             return None
         if not self._streak.hit(step):
             return None
-        since = next(s for s, f in self._recent if f >= self.share)
+        since = next(s for s, f, _ in self._recent if f >= self.share)
         waited = data_secs * 1e3
         message = (
             f"data-bound since step {since}: {median:.0%} of step time waiting for data "

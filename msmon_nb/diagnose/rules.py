@@ -17,6 +17,7 @@ from msmon_nb.diagnose.loss import LossDivergence, LossPlateau, LossSpike
 from msmon_nb.diagnose.lr import LrDecay, LrWarmup, LrZero
 from msmon_nb.diagnose.settings import KINDS, resolve_settings
 from msmon_nb.diagnose.stream import NonFinite, StepOrder
+from msmon_nb.diagnose.trend import LrRise, RisingTrend
 from msmon_nb.diagnose.window import Levels
 
 # Rules fed one tag's finite values, in the order the engine evaluates them.
@@ -29,6 +30,8 @@ SERIES_RULES: dict[str, type] = {
     "lr_zero": LrZero,
     "lr_warmup": LrWarmup,
     "lr_decay": LrDecay,
+    "lr_rise": LrRise,
+    "rising_trend": RisingTrend,
 }
 
 SEVERITY: dict[str, str] = {
@@ -41,6 +44,8 @@ SEVERITY: dict[str, str] = {
     "lr_zero": "warning",
     "lr_warmup": "warning",
     "lr_decay": "warning",
+    "lr_rise": "warning",
+    "rising_trend": "warning",
     "metric_missing": "warning",
     "data_bound": "warning",
     "step_order": "warning",

@@ -166,12 +166,32 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
         "expect_by": (None, _optional_count, 10000),
         "min_drop": (0.1, _fraction, 0.5),
     },
+    "lr_rise": {
+        "tag": ("train/learning_rate", _tag, "train/learning_rate"),
+        "factor": (2.0, _above_one, 3.0),
+        "patience": (3, _count(2), 5),
+        "settle": (10, _count(1), 20),
+        "until": (None, _optional_count, 5000),
+    },
+    "rising_trend": {
+        "tag": ("train/loss", _tag, "train/loss"),
+        "grad_tag": ("train/grad_norm", _tag, "train/grad_norm"),
+        "lr_tag": ("train/learning_rate", _tag, "train/learning_rate"),
+        "window": (30, _count(5), 50),
+        "factor": (1.0, _positive, 1.5),
+        "companion_factor": (2.0, _above_one, 3.0),
+        "t": (6.0, _positive, 8.0),
+        "loss_t": (1.0, _nonnegative, 2.0),
+        "patience": (3, _count(1), 5),
+        "min_history": (30, _count(2), 50),
+    },
     "metric_missing": {
         "patience": (100, _count(1), 500),
     },
     "data_bound": {
         "share": (0.5, _fraction, 0.6),
         "window": (10, _count(2), 20),
+        "min_wait": (0.001, _nonnegative, 0.005),
     },
     "step_order": {},
 }
