@@ -221,19 +221,21 @@ class RisingTrend(EpisodeRule):
     """The loss and the gradient norm (or the update size, lr x grad_norm) rising together,
     multiplicatively and steadily: the early phase of a divergence.
 
-    Over the last ``window`` collected steps, log(loss) must have a least-squares slope
-    whose fitted rise over the window is at least ``factor`` x and whose significance
-    (slope / standard error) is at least ``t``; the same must hold for log(grad_norm)
-    or log(lr x grad_norm) (with ``companion_factor``). ``patience`` steps in a row
+    Over the last ``window`` collected steps, log(loss) must have a positive
+    least-squares slope whose fitted rise over the window is at least ``factor`` x and
+    whose significance (slope / standard error) is at least ``loss_t``; log(grad_norm)
+    or log(lr x grad_norm) must rise at least ``companion_factor`` x with significance
+    ``t`` (defaults on real runs: a converged loss swings too much for its slope alone
+    to mean anything, so the partner carries the evidence). ``patience`` steps in a row
     confirm it. Healthy training lowers the loss while grad_norm or the lr rises
     (warmup, the early growth of the gradient norm), and a noisy loss swings without a
     steady direction, so the joint, significant rise is a divergence's signature.
 
     Fed the loss by the engine; ``observe`` gets grad_norm and the lr of the same step
-    first. Without them (``detect`` over a loss alone) the loss is judged alone.
-    ``since_step`` is the change point of a flat-then-rising fit to the last
-    ``2 x window`` log-losses (``hinge_onset``): at or a little after the start of
-    the rise. It clears after ``QUIET`` steps without a significant loss rise.
+    first. Without them (``detect`` over a loss alone) the loss is judged alone, with
+    significance ``t``. ``since_step`` is the later of the change points of
+    flat-then-rising fits (``hinge_onset``) to the last ``2 x window`` log-losses and
+    values of the partner that rose: at or a little after the start of the rise. It clears after ``QUIET`` steps without a significant loss rise.
     """
 
     __slots__ = (
