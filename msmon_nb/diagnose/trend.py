@@ -235,7 +235,8 @@ class RisingTrend(EpisodeRule):
     first. Without them (``detect`` over a loss alone) the loss is judged alone, with
     significance ``t``. ``since_step`` is the later of the change points of
     flat-then-rising fits (``hinge_onset``) to the last ``2 x window`` log-losses and
-    values of the partner that rose: at or a little after the start of the rise. It clears after ``QUIET`` steps without a significant loss rise.
+    values of the partner that rose: at or a little after the start of the rise. It clears
+    after ``QUIET`` steps without a significant loss rise.
     """
 
     __slots__ = (
