@@ -85,6 +85,7 @@ class Panel:
         self.kernel_time = 0.0  # seconds spent in on_boundary, pump and drawing included
         self.png_time = 0.0
         self.finish_secs = 0.0
+        self._renderer: Any = None  # the fallback's ChartRenderer, made on first use
         self.costs = {"pump": 0.0, "send": 0.0}  # parts of kernel_time, for bench/panel.py
         self._series: Mapping[str, Any] = {}
         self._alerts: list[Any] = []
@@ -320,7 +321,12 @@ class Panel:
         from msmon_nb.notebook.render import ChartRenderer, RenderOptions  # matplotlib: lazily
 
         self._plan()
-        renderer = ChartRenderer(RenderOptions(headroom=1.0 if final else 1.5))
+        if final:
+            renderer = ChartRenderer(RenderOptions(headroom=1.0))
+        else:  # the fallback's live pictures: one figure, later draws only blit new lines
+            if self._renderer is None:
+                self._renderer = ChartRenderer(RenderOptions(headroom=1.5))
+            renderer = self._renderer
         tags = {k: self._series[k] for k in self._chart_keys if k in self._series}
         return renderer.render(tags or dict(self._series))
 
