@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,19 @@ def check_tag(tag: Any, field_name: str = "tag") -> str:
 
 def _fail(name: str, value: Any, why: str, example: str) -> ConfigError:
     return ConfigError(f"monitor_config.{name}={value!r}: {why}; for example {example}")
+
+
+def check_regex(
+    name: str,
+    pattern: Any,
+    example: str,
+    fail: Callable[[str, Any, str, str], ConfigError] = _fail,
+) -> None:
+    """Raise ``fail(...)`` naming ``name`` when ``pattern`` is not a valid regex."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise fail(name, pattern, f"is not a valid regex ({exc})", example) from exc
 
 
 @dataclass
@@ -278,15 +291,7 @@ class MonitorConfig:
                 "param_targets", self.param_targets, "must be a list of regexes", "['fc.*']"
             )
         for pattern in self.param_targets:
-            try:
-                re.compile(pattern)
-            except (re.error, TypeError) as exc:
-                raise _fail(
-                    "param_targets",
-                    pattern,
-                    f"is not a valid regex ({exc})",
-                    "['layers\\\\.0\\\\..*']",
-                ) from exc
+            check_regex("param_targets", pattern, "['layers\\\\.0\\\\..*']")
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
             raise _fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")
@@ -359,12 +364,7 @@ class MonitorConfig:
             if not isinstance(targets, list):
                 raise _fail("snapshot.targets", targets, "must be a list of regexes", "['fc.*']")
             for pattern in targets:
-                try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as exc:
-                    raise _fail(
-                        "snapshot.targets", pattern, f"is not a valid regex ({exc})", "['fc.*']"
-                    ) from exc
+                check_regex("snapshot.targets", pattern, "['fc.*']")
 
     def _check_save_dir(self) -> None:
         value = self.save_dir

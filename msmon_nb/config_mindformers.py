@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from msmon_nb.config import CORE_METRICS, ConfigError
+from msmon_nb.config import CORE_METRICS, ConfigError, check_regex
 
 # key -> what MindFormers does with it, as the warning names it
 UNSUPPORTED = {
@@ -112,12 +112,7 @@ def invert_targets(targets: list[str]) -> str:
     """
     parts = []
     for pattern in targets:
-        try:
-            re.compile(pattern)
-        except (re.error, TypeError) as exc:
-            raise _fail(
-                "target", pattern, f"is not a valid regex ({exc})", "['layers.[01]']"
-            ) from exc
+        check_regex("target", pattern, "['layers.[01]']", fail=_fail)
         flags = _LEADING_FLAGS.match(pattern)
         if flags:
             pattern = f"(?{flags.group(1)}:{pattern[flags.end() :]})"
