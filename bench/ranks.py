@@ -22,6 +22,16 @@ what a chart needs; the values alone (4 bytes a point) and the summary files' si
 printed too. Targets: cold <= 5 s, warm <= 0.2 s, peak memory <= 2x the raw scalar data.
 
     python bench/ranks.py [--ranks 64] [--steps 100000] [--data DIR] [--repeat 20]
+
+``--comm`` measures instead what ``collect.comm`` costs a rank per step (the wrapper
+around ``nn.DistributedGradReducer``: two synchronisations, two clock reads, and on
+collected steps the local grad norm): a real 2-rank ``msrun`` job on the CPU trains a
+784-512-512-10 MLP (batch 64) with an explicit ``mon.step`` loop and alternates blocks of
+``--block`` steps with the wrapper measuring or passing through, at collect frequency 1
+(every step collected) and 10. Per rank: the median step time in each condition and the
+difference (the cost), over ``--blocks`` rounds of the four conditions.
+
+    python bench/ranks.py --comm [--blocks 6] [--block 40]
 """
 
 from __future__ import annotations
@@ -117,13 +127,143 @@ def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
+def comm_worker(out: str, blocks: int, block: int) -> None:
+    """One rank of the ``--comm`` job (run by msrun): step times per condition, as JSON."""
+    import json
+
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.communication import get_group_size, get_rank, init
+
+    from msmon_nb.monitor import Monitor
+
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = get_rank(), get_group_size()
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [nn.Dense(784, 512), nn.ReLU(), nn.Dense(512, 512), nn.ReLU(), nn.Dense(512, 10)]
+    )
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.SGD(net.trainable_params(), 0.01)
+    reducer = nn.DistributedGradReducer(opt.parameters, mean=True, degree=size)
+    grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, opt.parameters)
+    rng = np.random.default_rng(rank)
+    x = ms.Tensor(rng.normal(size=(64, 784)).astype(np.float32))
+    y = ms.Tensor(rng.integers(0, 10, size=64).astype(np.int32))
+    conditions = [(1, False), (1, True), (10, False), (10, True)]
+    times: dict[str, list[float]] = {f"{f}/{on}": [] for f, on in conditions}
+    with Monitor(save_dir=out, model_name="bench", flush_secs=1.0) as mon:
+        tap = mon._comm
+        assert tap is not None and tap.try_install(), "the comm tap is not installed"
+        for _ in range(20):  # warm up (first-call compiles)
+            loss, grads = grad_fn(x, y)
+            opt(reducer(grads))
+            mon.step(loss=loss, grads=grads, batch_size=64)
+        for _ in range(blocks):
+            for freq, on in conditions:
+                mon.set_collect_freq(freq)
+                tap.active = on
+                began = time.perf_counter()
+                for _ in range(block):
+                    loss, grads = grad_fn(x, y)
+                    reduced = reducer(grads)
+                    opt(reduced)
+                    mon.step(loss=loss, grads=reduced, batch_size=64)
+                    now = time.perf_counter()
+                    times[f"{freq}/{on}"].append(now - began)
+                    began = now
+        tap.active = True
+        # the wrapper's own work once the tensors are ready (what it adds when nothing
+        # is pending): both synchronisations and the clock reads; and the local norm
+        leaves, out_leaves = list(grads), list(reduced)
+        for leaf in leaves + out_leaves:
+            leaf.asnumpy()
+        own, norm = [], []
+        for _ in range(300):
+            t0 = time.perf_counter()
+            tap._sync(leaves, True)
+            time.perf_counter()
+            tap._sync(out_leaves, False)
+            t1 = time.perf_counter()
+            tap._norm(leaves)
+            t2 = time.perf_counter()
+            own.append(t1 - t0)
+            norm.append(t2 - t1)
+        times["own"], times["norm"] = own, norm
+    Path(out, f"times_{rank}.json").write_text(json.dumps(times))
+
+
+def bench_comm(blocks: int, block: int) -> None:
+    """Launch the 2-rank job and print what the comm tap costs per step."""
+    import json
+    import subprocess
+
+    out = Path(tempfile.mkdtemp(prefix="msmon_comm_"))
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        bin_dir = Path(sys.executable).parent
+        env = dict(
+            os.environ,
+            GLOG_v="3",
+            PATH=f"{bin_dir}:{os.environ.get('PATH', '')}",
+            PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        )
+        cmd = [
+            str(bin_dir / "msrun"),
+            "--worker_num=2",
+            "--local_worker_num=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            "--join=True",
+            f"--log_dir={out / 'logs'}",
+            str(Path(__file__).resolve()),
+            "--comm-worker",
+            str(out),
+            "--blocks",
+            str(blocks),
+            "--block",
+            str(block),
+        ]
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=900)
+        print("collect.comm cost per step: 2-rank msrun, CPU, MLP 784-512-512-10, batch 64")
+        print(f"({blocks} rounds x {block} steps per condition; median step time in ms)")
+        print("rank  freq   tap off   tap on   cost (on - off)")
+        for rank in (0, 1):
+            times = json.loads((out / f"times_{rank}.json").read_text())
+            for freq in (1, 10):
+                off = statistics.median(times[f"{freq}/False"]) * 1e3
+                on = statistics.median(times[f"{freq}/True"]) * 1e3
+                print(f"{rank:4d}  {freq:4d}  {off:8.2f}  {on:7.2f}  {on - off:+8.2f} ms")
+            own = statistics.median(times["own"]) * 1e6
+            norm = statistics.median(times["norm"]) * 1e6
+            print(
+                f"rank {rank}: the wrapper's own work per all-reduce (tensors ready): "
+                f"{own:.0f} us; the local grad norm (collected steps only): {norm:.0f} us"
+            )
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--data", help="where to keep the generated job between bench runs")
+    parser.add_argument("--comm", action="store_true", help="the comm tap's cost per step")
+    parser.add_argument("--comm-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--block", type=int, default=40)
     args = parser.parse_args()
+    if args.comm_worker:
+        comm_worker(args.comm_worker, args.blocks, args.block)
+        return
+    if args.comm:
+        bench_comm(args.blocks, args.block)
+        return
     data = Path(args.data) if args.data else Path(tempfile.mkdtemp(prefix="msmon_ranks_"))
     base = data / "base"
     try:

@@ -3,14 +3,17 @@
 For MLPs of about 1 M, 10 M and 40 M parameters (CPU, PyNative, batch 16) it measures:
 
 * the plain step (``value_and_grad`` + optimizer, no monitoring);
-* the monitored cost of one collected step: ``mon.step(loss=..., grads=..., lr=...)``
-  (gradients to the host, their global norm, the records written);
+* the monitored cost of one collected step, ``mon.step(loss=..., grads=..., lr=...)``,
+  on both grad_norm paths, alternating step by step in one process:
+  - host: every gradient read on the host (``asnumpy`` shares memory on CPU), a BLAS dot
+    each, the records written;
+  - device (``MSMON_GRAD_NORM_PATH=device``, what Ascend/GPU use): one ``jit`` launch
+    reducing every gradient, and the previous step's scalar read (``collect.devnorm``);
 * the floor: bytes of gradients / this machine's measured copy bandwidth (one read of
-  every gradient byte is the least any host-side norm can do).
+  every gradient byte is the least any norm can do).
 
-It prints the cost, the floor, cost/floor (target <= 1.5) and the cost as a share of
-the plain step. Only the host path is measured: the device path of issue 13 item 5
-(one fused on-device reduction, one scalar copied) is not built yet.
+It prints both costs, the floor, cost/floor (target <= 1.5) and the cost as a share of
+the plain step. On CPU the host path is the default because it is the faster one here.
 
     GLOG_v=3 .venv/bin/python bench/scale.py [--repeats 10]
 """
@@ -70,24 +73,34 @@ def measure(name: str, repeats: int, bandwidth: float) -> dict[str, float]:
     a = ms.Tensor(np.random.default_rng(0).normal(size=(16, features)).astype(np.float32))
     b = ms.Tensor(np.zeros(16, np.int32))
     params = sum(int(np.prod(p.shape)) for p in opt.parameters)
-    plain, cost = [], []
-    with Monitor(save_dir=tempfile.mkdtemp(), log_interval=1, verbose=False) as mon:
-        for i in range(repeats + 2):
+    plain: list[float] = []
+    cost: dict[str, list[float]] = {"host": [], "device": []}
+    base = tempfile.mkdtemp()
+    mons = {path: Monitor(save_dir=base, run_name=path, log_interval=1) for path in cost}
+    try:
+        for i in range(2 * repeats + 4):
+            path = "host" if i % 2 == 0 else "device"
+            os.environ["MSMON_GRAD_NORM_PATH"] = path
             t = time.perf_counter()
             loss, grads = grad_fn(a, b)
             opt(grads)
             loss.asnumpy()
             step = time.perf_counter() - t
             t = time.perf_counter()
-            mon.step(loss=loss, grads=grads, lr=0.01, batch_size=16)
-            if i >= 2:  # compile and first-touch costs are not the steady state
+            mons[path].step(loss=loss, grads=grads, lr=0.01, batch_size=16)
+            if i >= 4:  # compile and first-touch costs are not the steady state
                 plain.append(step)
-                cost.append(time.perf_counter() - t)
+                cost[path].append(time.perf_counter() - t)
+    finally:
+        os.environ.pop("MSMON_GRAD_NORM_PATH", None)
+        for mon in mons.values():
+            mon.close()
     floor = params * 4 / bandwidth
     return {
         "params": params,
         "plain_ms": statistics.median(plain) * 1e3,
-        "cost_ms": statistics.median(cost) * 1e3,
+        "host_ms": statistics.median(cost["host"]) * 1e3,
+        "device_ms": statistics.median(cost["device"]) * 1e3,
         "floor_ms": floor * 1e3,
     }
 
@@ -100,15 +113,16 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e9:.1f} GB/s (numpy copyto, 256 MB)")
     print(
-        f"{'size':>5} {'params':>11} {'plain ms':>9} {'cost ms':>8} {'floor ms':>9} "
-        f"{'cost/floor':>10} {'share':>7}"
+        f"{'size':>5} {'params':>11} {'plain ms':>9} {'floor ms':>9} | {'host ms':>8} "
+        f"{'/floor':>7} {'share':>7} | {'device ms':>9} {'/floor':>7} {'share':>7}"
     )
     for name in args.sizes:
         r = measure(name, args.repeats, bandwidth)
+        host, dev, floor, plain = r["host_ms"], r["device_ms"], r["floor_ms"], r["plain_ms"]
         print(
-            f"{name:>5} {r['params']:>11,} {r['plain_ms']:>9.1f} {r['cost_ms']:>8.2f} "
-            f"{r['floor_ms']:>9.2f} {r['cost_ms'] / r['floor_ms']:>10.2f} "
-            f"{r['cost_ms'] / r['plain_ms']:>7.1%}"
+            f"{name:>5} {r['params']:>11,} {plain:>9.1f} {floor:>9.2f} | {host:>8.2f} "
+            f"{host / floor:>7.2f} {host / plain:>7.1%} | {dev:>9.2f} {dev / floor:>7.2f} "
+            f"{dev / plain:>7.1%}"
         )
 
 

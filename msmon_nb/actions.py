@@ -3,15 +3,22 @@
 ``Actions`` sits between the Monitor and ``diagnose``: each collected step's scalars go
 through the ``Diagnoser`` and the ``break_on`` expression; each new alert is kept in
 ``monitor.alerts``, appended to ``alerts.jsonl``, logged once, and acted on as
-``monitor_config.alerts`` says (``warn``, ``snapshot``, ``stop``, ``debug``). Stop and
-debug wait for the step boundary, where the user's loop can be ended cleanly or a
-debugger opened in the user's own frame, with their tensors in scope.
+``monitor_config.alerts`` says (``warn``, ``snapshot``, ``stop``, ``debug``, ``skip``).
+Stop and debug wait for the step boundary, where the user's loop can be ended cleanly or
+a debugger opened in the user's own frame, with their tensors in scope.
+
+``skip`` is decided before the step ends, by a ``collect.skip.SkipGate`` in front of the
+optimizer's update (in the graph, or in Python for PyNative loops). This side keeps the
+gate's limits current from the rules' running statistics on collected steps, reads after
+each step whether the gate held an update back, and turns each skip into an alert, the
+``train/skipped_steps`` series, and -- after ``max_skips_in_a_row`` -- a stop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -26,7 +33,10 @@ from msmon_nb.collect.snapshot import (
     params_and_grads,
     summarize,
 )
+from msmon_nb.diagnose.base import TINY
 from msmon_nb.events.runs import ALERTS, SNAPSHOTS
+
+SKIPPED_TAG = "train/skipped_steps"
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -65,6 +75,17 @@ class Actions:
         self.last_params: list | None = None
         self.last_grads: Any = None
         self.pending_debug: str | None = None
+        from msmon_nb.diagnose.settings import SKIP_KINDS
+
+        settings = self.diagnoser.settings
+        off = set(settings["disabled"])
+        self.skip_kinds = [
+            k for k in SKIP_KINDS if settings[k]["action"] == "skip" and k not in off
+        ]
+        self.max_skips = int(settings["max_skips_in_a_row"])
+        self.gate: Any = None  # collect.skip.SkipGate, made when a way in asks for it
+        self.skips_in_a_row = 0
+        self.skipped_total = 0
 
     # --- per collected step ----------------------------------------------------------------
 
@@ -81,18 +102,164 @@ class Actions:
         """Run the rules and ``break_on`` over one step's scalars."""
         for alert in self.diagnoser.update(step, values):
             self._on_alert(alert)
+        if self.gate is not None:
+            self.monitor.guard("refreshing the skip limits", self.refresh_limits)
         if self.break_on is not None and self.break_on.evaluate(step, values):
             self.pending_debug = f"break_on {self.break_on.text!r} holds at step {step}"
 
-    def _on_alert(self, alert: Any) -> None:
+    # --- skip ------------------------------------------------------------------------------
+
+    def skip_gate(self) -> Any:
+        """The gate the ways in put in front of the optimizer; None when nothing skips."""
+        if not self.skip_kinds:
+            return None
+        if self.gate is None:
+            from msmon_nb.collect.skip import SkipGate
+
+            kinds = self.skip_kinds
+            loss = "loss_spike" in kinds
+            if loss and self.monitor.ranks.distributed:
+                # each rank judges its own loss: ranks would skip different steps and
+                # their weights drift apart. The gradients are all-reduced, so the
+                # grad_norm (and its NaN) is the same decision on every rank.
+                loss = False
+                self.monitor.warn_once(
+                    "skip loss distributed",
+                    "loss_spike: {action: skip} is off in a distributed job: each rank's "
+                    "loss differs, so ranks would skip different updates and their weights "
+                    "would drift apart; grad_explosion and nonfinite skips (on the "
+                    "all-reduced gradients) stay on",
+                )
+            self.gate = SkipGate(
+                nonfinite="nonfinite" in kinds,
+                grad="grad_explosion" in kinds,
+                loss=loss,
+                local=not self.monitor.ranks.distributed,
+            )
+            self.refresh_limits()
+        return self.gate
+
+    def _rule(self, kind: str) -> Any:
+        tag = self.diagnoser.settings[kind]["tag"]
+        for name, rule in self.diagnoser._routes.get(tag, ([], None))[0]:
+            if name == kind:
+                return rule
+        return None
+
+    def limits(self) -> tuple[float, float]:
+        """(grad_norm limit, loss limit) for the next step, from the rules' state.
+
+        grad_explosion: min(skip_above, ceiling, factor x the running median of the last
+        ``window`` grad norms, once ``min_history`` were seen; that last term only with
+        ``skip_relative``). loss_spike: the bar its
+        rule would judge the next loss by (median + the largest of tail x (q90 - median),
+        rel x |median| and hold x the decayed peak excess). Without history: +inf, so
+        only skip_above and the ceiling act at the start of a run.
+        """
+        settings = self.diagnoser.settings
+        grad = loss = math.inf
+        if "grad_explosion" in self.skip_kinds:
+            params = settings["grad_explosion"]
+            grad = min(params["skip_above"] or math.inf, params["ceiling"])
+            rule = self._rule("grad_explosion") if params["skip_relative"] else None
+            if rule is not None and len(rule.levels.win) >= rule.min_history:
+                grad = min(grad, 10.0 ** (rule.levels.win.median() + rule.log_factor))
+        if "loss_spike" in self.skip_kinds:
+            rule = self._rule("loss_spike")
+            if rule is not None and len(rule.levels.win) >= rule.min_history:
+                win = rule.levels.win
+                median, q90 = win.median(), win.quantile(0.9)
+                bar = max(
+                    rule.tail * (q90 - median),
+                    rule.rel * abs(median),
+                    rule.hold * rule._peak * rule._decay,
+                    TINY,
+                )
+                loss = median + bar
+        return grad, loss
+
+    def refresh_limits(self) -> None:
+        """Write ``limits()`` into the gate (collected steps; nothing when unchanged)."""
+        if self.gate is not None:
+            self.gate.set_limits(*self.limits())
+
+    def after_update(self, step: int, collect: bool) -> None:
+        """After step ``step``'s update: did the gate skip it? Alert, count, maybe stop."""
+        mon = self.monitor
+        if self.gate is None:
+            if self.skip_kinds:
+                mon.warn_once(
+                    "skip explicit",
+                    f"alerts ask to skip bad updates ({', '.join(self.skip_kinds)}: action "
+                    "skip), but this loop records with mon.step(...) after its update "
+                    "already happened, so nothing can be skipped; use mon.watch() / "
+                    "%%msmonitor or Model.train with mon.callback() to skip",
+                )
+            return
+        event = self.gate.poll()
+        if event is None:
+            self.skips_in_a_row = 0
+            if collect:
+                mon._emit(step, {SKIPPED_TAG: float(self.skipped_total)})
+            return
+        self.skips_in_a_row += event.count
+        self.skipped_total = event.total
+        mon._emit(step, {SKIPPED_TAG: float(self.skipped_total)})
+        self._on_skip(step, event)
+
+    def _on_skip(self, step: int, event: Any) -> None:
+        from msmon_nb.diagnose.alert import Alert, fmt
+        from msmon_nb.diagnose.rules import SEVERITY
+
+        settings = self.diagnoser.settings
+        kind = event.kind
+        if kind == "loss_spike":
+            tag, value = settings["loss_spike"]["tag"], event.loss
+            why = f"loss {fmt(event.loss)} >= limit {fmt(event.loss_limit)}"
+        elif kind == "nonfinite":
+            tag, value = "train/grad_norm", event.grad_norm
+            why = f"non-finite grad_norm {fmt(event.grad_norm)}"
+            if event.loss is not None:
+                tag, value = "train/loss", event.loss
+                why = f"non-finite loss {fmt(event.loss)} (grad_norm {fmt(event.grad_norm)})"
+        else:
+            tag, value = settings["grad_explosion"]["tag"], event.grad_norm
+            why = f"grad_norm {fmt(event.grad_norm)} >= limit {fmt(event.grad_limit)}"
+        n, limit = self.skips_in_a_row, self.max_skips
+        message = f"{why} at step {step}: update skipped ({n} in a row)"
+        stop = n >= limit
+        if stop:
+            message += f"; {n} updates skipped in a row (limit {limit}): stopping the run"
+        alert = Alert(step, kind, SEVERITY[kind], message, step, tag, value, self._rank())
+        self._record_alert(alert, "skip")
+        if stop:
+            self.monitor.stop(f"{n} updates skipped in a row (limit {limit}): {why} at step {step}")
+
+    def close(self) -> None:
+        """The monitor closes: unwrap whatever still holds the skip gate."""
+        if self.gate is not None:
+            self.gate.release()
+
+    def _rank(self) -> int | None:
+        return self.diagnoser.rank
+
+    def _record_alert(self, alert: Any, action: str) -> None:
+        """Keep ``alert``, log it once, append it (with the action taken) to alerts.jsonl."""
         mon = self.monitor
         mon.alerts.append(alert)
         log.warning("msmon: %s", alert.message)
         if mon.write_dir is not None:
             data = alert.to_dict()
+            data["action"] = action
             data["wall_time"] = time.time()
             mon.guard("writing alerts.jsonl", append_jsonl, mon.write_dir / ALERTS, data)
+
+    def _on_alert(self, alert: Any) -> None:
+        mon = self.monitor
         action = self.diagnoser.action(alert.kind)
+        # a rule's finding under action skip is reported like warn: the skips themselves
+        # are decided by the gate, step by step, and reported by _on_skip
+        self._record_alert(alert, "warn" if action == "skip" else action)
         if action == "snapshot":
             self.snapshot_for_alert(alert)
         elif action == "stop":

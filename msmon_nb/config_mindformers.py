@@ -22,14 +22,8 @@ from msmon_nb.config import CORE_METRICS, ConfigError, check_regex
 # key -> what MindFormers does with it, as the warning names it
 UNSUPPORTED = {
     "local_norm_format": "per-parameter local grad norms",
-    "device_local_norm_format": "each device's local grad norm",
-    "local_loss_format": "local losses",
-    "device_local_loss_format": "each device's local loss",
-    "optimizer_state_format": "Adam moment norms per parameter",
     "max_attention_logit_format": "max attention logits",
     "print_struct": "print the parameter names and stop",
-    "use_skip_data_by_global_norm": "skip the update of a step whose global norm is at or "
-    "above global_norm_spike_threshold",
     "stable_rank_config": "stable rank of the weights",
     "health_checkpoint": "checkpoint health by embedding norm",
 }
@@ -44,14 +38,22 @@ FORMAT_KEYS = (
 )
 MAPPED = (
     "invert",
+    "device_local_norm_format",  # train/local_grad_norm per rank (collect/comm.py)
+    "local_loss_format",  # train/local_loss per rank
+    "device_local_loss_format",
+    "optimizer_state_format",
     "weight_state_format",
     "check_for_global_norm",
     "global_norm_spike_threshold",
     "global_norm_spike_count_threshold",
+    "use_skip_data_by_global_norm",
 )
 KEYS = frozenset(UNSUPPORTED) | frozenset(MAPPED)
 # TrainingStateMonitor's threshold when check_for_global_norm is on and none is given
 DEFAULT_SPIKE_THRESHOLD = 3.0
+# the train-step wrapper's threshold when use_skip_data_by_global_norm is on and none is
+# given (BaseTrainer.create_model_wrapper's default)
+DEFAULT_SKIP_THRESHOLD = 1.0
 _LEADING_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
 
 
@@ -156,13 +158,23 @@ def apply_mindformers(mf: Mapping[str, Any], kwargs: dict[str, Any]) -> list[str
         )
     if check:
         _set_ceiling(kwargs, DEFAULT_SPIKE_THRESHOLD if threshold is None else threshold)
+    if skip:
+        _set_skip(kwargs, DEFAULT_SKIP_THRESHOLD if threshold is None else threshold, count)
     targets = kwargs.get("param_targets", [".*"])
     if _bool("invert", mf.get("invert")) and isinstance(targets, list | tuple):
         kwargs["param_targets"] = [invert_targets(list(targets))]  # else validate() names it
-    if _format("weight_state_format", mf.get("weight_state_format")):
-        metrics = kwargs.get("track_metrics", list(CORE_METRICS))
-        if isinstance(metrics, list | tuple) and "param_stats" not in metrics:
-            kwargs["track_metrics"] = [*metrics, "param_stats"]
+    for key, metric in (
+        ("weight_state_format", "param_stats"),
+        ("optimizer_state_format", "optimizer_state"),  # collect/optstate.py
+        # each rank records its local norm/loss whenever it tracks the global one
+        ("device_local_norm_format", "grad_norm"),
+        ("local_loss_format", "loss"),
+        ("device_local_loss_format", "loss"),
+    ):
+        if _format(key, mf.get(key)):
+            metrics = kwargs.get("track_metrics", list(CORE_METRICS))
+            if isinstance(metrics, list | tuple) and metric not in metrics:
+                kwargs["track_metrics"] = [*metrics, metric]
 
     ignored = []
     for key, value in mf.items():
@@ -173,19 +185,27 @@ def apply_mindformers(mf: Mapping[str, Any], kwargs: dict[str, Any]) -> list[str
             asks = bool(value) and _format("stable_rank_config.format", value.get("format"))
         if asks:
             ignored.append(key)
-    if skip and mf.get("global_norm_spike_count_threshold") is not None:
-        ignored.append("global_norm_spike_count_threshold")
     return ignored
 
 
-def _set_ceiling(kwargs: dict[str, Any], threshold: float) -> None:
+def _explosion(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Copies of the ``alerts`` mapping and its ``grad_explosion`` entry, which the
+    MindFormers global-norm keys map onto; None when the user's entry is not a mapping
+    (``resolve_settings`` names that bad value)."""
     alerts = kwargs.get("alerts")
     alerts = dict(alerts) if isinstance(alerts, Mapping) else {}
     if alerts.get("grad_explosion") is not None and not isinstance(
         alerts["grad_explosion"], Mapping
     ):
-        return  # resolve_settings names the bad value
-    explosion = dict(alerts.get("grad_explosion") or {})
+        return None
+    return alerts, dict(alerts.get("grad_explosion") or {})
+
+
+def _set_ceiling(kwargs: dict[str, Any], threshold: float) -> None:
+    found = _explosion(kwargs)
+    if found is None:
+        return
+    alerts, explosion = found
     if explosion.get("ceiling", threshold) != threshold:
         raise ConfigError(
             f"monitor_config sets the grad_norm ceiling twice: check_for_global_norm with "
@@ -203,13 +223,49 @@ def _set_ceiling(kwargs: dict[str, Any], threshold: float) -> None:
     kwargs["alerts"] = alerts
 
 
+def _set_skip(kwargs: dict[str, Any], threshold: float, count: int | None) -> None:
+    """use_skip_data_by_global_norm: skip the update of a step whose global norm is at or
+    above the threshold (fixed, as MindFormers does: no relative criterion), and stop
+    after ``global_norm_spike_count_threshold`` such steps in a row."""
+    found = _explosion(kwargs)
+    if found is None:
+        return
+    alerts, explosion = found
+    for key, value in (("action", "skip"), ("skip_above", threshold)):
+        if explosion.get(key, value) != value:
+            raise ConfigError(
+                f"monitor_config sets use_skip_data_by_global_norm (grad_explosion {key} "
+                f"{value!r}) and alerts.grad_explosion.{key}={explosion[key]!r}; keep one, "
+                f"for example alerts: {{grad_explosion: {{action: skip, skip_above: "
+                f"{threshold!r}}}}}"
+            )
+    if "grad_explosion" in (alerts.get("disabled") or []):
+        raise ConfigError(
+            "monitor_config sets use_skip_data_by_global_norm: true but alerts.disabled "
+            "lists grad_explosion, the alert it maps to; for example alerts: {disabled: []}"
+        )
+    explosion.setdefault("skip_relative", False)
+    explosion.update(action="skip", skip_above=threshold)
+    alerts["grad_explosion"] = explosion
+    if count is not None:
+        given = alerts.get("max_skips_in_a_row", count)
+        if given != count:
+            raise ConfigError(
+                f"monitor_config sets global_norm_spike_count_threshold={count!r} and "
+                f"alerts.max_skips_in_a_row={given!r}; keep one, for example alerts: "
+                f"{{max_skips_in_a_row: {count!r}}}"
+            )
+        alerts["max_skips_in_a_row"] = count
+    kwargs["alerts"] = alerts
+
+
 def warn_ignored(keys: list[str], stacklevel: int = 3) -> None:
     """One ``MonitorWarning`` naming every ignored MindFormers key."""
     if not keys:
         return
     from msmon_nb.sinks.base import MonitorWarning  # a leaf: warnings and numpy only
 
-    listed = "; ".join(f"{key} ({UNSUPPORTED.get(key, 'skipping bad batches')})" for key in keys)
+    listed = "; ".join(f"{key} ({UNSUPPORTED.get(key, 'not mapped')})" for key in keys)
     warnings.warn(
         f"msmon: MindFormers monitor_config keys not supported yet, ignored: {listed}. "
         "The rest of the block is used (README, 'Coming from MindFormers').",

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.collect.budget import OverheadBudget
+from msmon_nb.collect.devnorm import DeferredNorm
 from msmon_nb.collect.ranks import detect, shared_run_name
 from msmon_nb.collect.recorder import StopTraining
 from msmon_nb.config import ConfigError, MonitorConfig, check_tag
@@ -109,6 +111,7 @@ class Monitor:
         self.ranks = detect()
         self.paused = False
         self._stop_requested = False
+        self._stop_reason: str | None = None
         self._stopped = False
         self._sinks = Fanout([])
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
@@ -123,6 +126,10 @@ class Monitor:
         self.enabled = cfg.enable_monitor
         self._actions: Any = None
         self._rankwatch: Any = None
+        self._comm: Any = None  # collect.comm.CommTap in a distributed job
+        self._optstate: Any = None  # collect.optstate.OptimizerState, made at first use
+        self._late = DeferredNorm()  # a device grad_norm launched, read at the next step
+        self._budget = OverheadBudget(cfg.overhead_budget) if cfg.overhead_budget else None
         if self.enabled:
             try:
                 self._open()
@@ -181,6 +188,10 @@ class Monitor:
             from msmon_nb.rankwatch import RankWatcher
 
             self._rankwatch = RankWatcher(self).start()
+        if ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
+            from msmon_nb.collect.comm import attach
+
+            self._comm = attach(self)
         self.status = "running"
         self._t_mark = time.perf_counter()
         _OPEN.append(self)
@@ -195,6 +206,12 @@ class Monitor:
         self.status = status
         if self in _OPEN:
             _OPEN.remove(self)
+        if self._actions is not None:
+            self._guard("unwrapping the optimizers", self._actions.close)
+        if self._comm is not None:
+            self._guard("unwrapping the gradient all-reduce", self._comm.uninstall)
+        if self._late.pending is not None:  # the last collected step's device grad_norm
+            self._record_late_norm()
         self._sinks.close()
         if self._rankwatch is not None:  # after our own records reached the disk
             self._rankwatch.close()
@@ -238,13 +255,16 @@ class Monitor:
         step: int | None = None,
         grad_norm: Any = None,
         params: Any = None,
+        optimizer: Any = None,
         **metrics: float,
     ) -> None:
         """Record one training step (explicit form); MindSpore tensors, numpy or numbers.
 
         ``grads`` is any nesting of tensors (their global L2 norm is recorded), or pass
         ``grad_norm`` directly. ``params`` (e.g. ``net.trainable_params()``) enables
-        ``param_stats``. Extra keyword arguments are scalars under their tag, e.g.
+        ``param_stats``; ``optimizer`` (the ``nn.Optimizer`` the loop calls) enables
+        ``optimizer_state``, read on collected steps only, so passing it every step costs
+        nothing. Extra keyword arguments are scalars under their tag, e.g.
         ``mon.step(loss=l, **{"train/tokens_per_s": 1e4})``.
         """
         for tag in metrics:
@@ -260,6 +280,7 @@ class Monitor:
             lr=lr,
             batch_size=batch_size,
             params=list(params) if params is not None else None,
+            optimizer=optimizer,
             extra=metrics or None,
             collect=self.will_collect(self.step_count),
         )
@@ -306,6 +327,8 @@ class Monitor:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"collect frequency {n!r} must be a whole number >= 1, e.g. 10")
         self.collect_freq = n
+        if self._budget is not None:  # the user's new interval is the new floor
+            self._budget.reset()
 
     def will_collect(self, step: int) -> bool:
         """True when ``step`` is a collected step under the current frequency."""
@@ -319,9 +342,17 @@ class Monitor:
         """Let a paused loop go on."""
         self.paused = False
 
-    def stop(self) -> None:
-        """End the loop cleanly at the next step boundary; the run is marked stopped."""
+    def stop(self, reason: str | None = None) -> None:
+        """End the loop cleanly at the next step boundary; the run is marked stopped.
+
+        ``reason`` (e.g. "10 updates skipped in a row (limit 10): ...") is printed, kept
+        in the run's marker as ``stop_reason`` and carried by the ``StopTraining``.
+        """
         self._stop_requested = True
+        if reason is not None and self._stop_reason is None:
+            self._stop_reason = reason
+            self._marker["stop_reason"] = reason
+            print(f"msmon: stopping: {reason}", flush=True)
 
     @property
     def stop_requested(self) -> bool:
@@ -357,6 +388,13 @@ class Monitor:
     def boundary(self, raise_stop: bool) -> bool:
         """Run the step-boundary controls; True when the loop must stop."""
         return self._boundary(raise_stop)
+
+    def skip_gate(self) -> Any:
+        """The ``collect.skip.SkipGate`` a way in puts before the optimizer update when
+        ``alerts`` asks for ``action: skip``; None otherwise (or if it cannot be made)."""
+        if self._actions is None or not self._actions.skip_kinds:
+            return None
+        return self._guard("making the skip gate", self._actions.skip_gate)
 
     def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on failure warn once and return None (training goes on)."""
@@ -401,11 +439,17 @@ class Monitor:
         batch_size: int | None = None,
         global_step: int | None = None,
         params: list | None = None,
+        optimizer: Any = None,
         extra: Mapping[str, float] | None = None,
         collect: bool,
     ) -> None:
         """Count a finished step; on collected steps compute and emit its scalars."""
         step = self.step_count
+        if self._late.pending is not None:  # step >= s+1 was dispatched: read s's norm
+            self._record_late_norm()
+        if self._actions is not None and self._actions.skip_kinds:
+            # before the step counts: the skip alert and a stop land on this step
+            self._guard("checking for a skipped update", self._actions.after_update, step, collect)
         self.step_count = step + 1
         self.last_step = step
         self._steps_since += 1
@@ -413,6 +457,13 @@ class Monitor:
         if not collect:
             return
         now = time.perf_counter()
+        cpu = 0.0
+        if self._budget is not None:
+            if loss is not None:  # reading it waits for the step itself: not our cost
+                from msmon_nb.collect.tensors import to_float
+
+                loss = self._guard("reading the loss", to_float, loss)
+            cpu = time.thread_time()
         step_time = (now - self._t_mark) / self._steps_since if self._t_mark is not None else None
         samples = self._samples_since
         from msmon_nb.collect.values import step_values
@@ -429,10 +480,14 @@ class Monitor:
             step_time=step_time,
             samples=int(samples),
             params=params,
+            deferred=self._late,
+            step=step,
         )
         if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
             values[DATA_TAG] = self._data_secs / self._steps_since
             values[COMPUTE_TAG] = self._compute_secs / self._steps_since
+        if values is not None and self._comm is not None:
+            self._guard("recording the all-reduce wait", self._comm.add_values, values)
         self._t_mark = time.perf_counter()
         self._steps_since = 0
         self._samples_since = 0
@@ -441,9 +496,65 @@ class Monitor:
             self._guard("keeping step tensors", self._actions.tensors, step, params, grads)
         if values is None:
             return
+        if self.config.tracks("optimizer_state"):
+            values.update(self._optimizer_state(optimizer))
         if extra:
             values.update({tag: float(v) for tag, v in extra.items()})
         self._emit(step, values)
+        if self._budget is not None:
+            self._check_budget(step, cpu, step_time)
+
+    def _record_late_norm(self) -> None:
+        """Record the device grad_norm launched at an earlier collected step, at that
+        step (``collect.devnorm``: read one step late so the read never stalls)."""
+        got = self._guard("reading the device grad_norm", self._late.take)
+        if got is not None:
+            from msmon_nb.collect.values import TAGS
+
+            self._emit(got[0], {TAGS["grad_norm"]: got[1]})
+
+    def _check_budget(self, step: int, started: float, step_time: float | None) -> None:
+        """``overhead_budget``: double the interval when collecting costs too much
+        (``collect.budget``); the first widening is reported once, as a warning and as
+        an alert in the run. The cost is this thread's CPU time, so that time the OS
+        gave to other processes (a shared machine) is not counted as ours."""
+        cost = time.thread_time() - started
+        wider = self._budget.observe(cost, step_time, self.collect_freq)
+        if wider is None:
+            return
+        before, self.collect_freq = self.collect_freq, wider
+        share = self._budget.last_share or 0.0
+        if "overhead_budget" in self._warned:
+            log.info("msmon: collection interval widened to every %d steps", wider)
+            return
+        message = (
+            f"collecting costs {share:.1%} of training time (overhead_budget "
+            f"{self.config.overhead_budget:.1%}), so from step {step} on it collects every "
+            f"{wider} steps instead of every {before} (it widens again if still over; "
+            "mon.set_collect_freq(n) sets a new floor)"
+        )
+        self._warn_once("overhead_budget", message)
+        from msmon_nb.diagnose.alert import Alert
+
+        alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
+        self.alerts.append(alert)
+        if self.write_dir is not None:
+            from msmon_nb.actions import append_jsonl
+            from msmon_nb.events.runs import ALERTS
+
+            data = dict(alert.to_dict(), wall_time=time.time())
+            self._guard("writing alerts.jsonl", append_jsonl, self.write_dir / ALERTS, data)
+
+    def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
+        """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
+        from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
+
+        if optimizer is None:
+            self._warn_once("optimizer_state none", missing_optimizer_message())
+            return {}
+        if self._optstate is None:
+            self._optstate = OptimizerState(self.config.param_targets, self._warn_once)
+        return self._guard("reading the optimizer state", self._optstate.read, optimizer) or {}
 
     def expected_tags(self) -> list[str]:
         """The scalar tags this monitor will record that are known before the first step
@@ -484,7 +595,8 @@ class Monitor:
             self._stop_requested = False
             self._stopped = True
             if raise_stop:
-                raise StopTraining(f"msmon: stopped at step {self.last_step}")
+                why = f": {self._stop_reason}" if self._stop_reason else ""
+                raise StopTraining(f"msmon: stopped at step {self.last_step}{why}")
             return True
         return False
 

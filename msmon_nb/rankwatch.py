@@ -36,7 +36,8 @@ INTERVAL = 2.0
 
 
 class CrossRankRecorder:
-    """Runs the cross-rank rules over a run dir; appends each new (kind, rank) once."""
+    """Runs the cross-rank rules over a run dir; appends each new problem once (one per
+    kind and rank; per onset too for kinds that recur, ``diagnose.ranks.alert_key``)."""
 
     def __init__(self, run_dir: Path, alerts_file: Path) -> None:
         from msmon_nb.events.runs import Run
@@ -44,8 +45,10 @@ class CrossRankRecorder:
         self.run = Run(run_dir)
         self.alerts_file = alerts_file
 
-    def _recorded(self) -> set[tuple[Any, Any]]:
+    def _recorded(self) -> set[tuple[Any, ...]]:
         """What is already in the file: another recorder (process) may have written it."""
+        from msmon_nb.diagnose.ranks import alert_key
+
         seen = set()
         try:
             with open(self.alerts_file, encoding="utf-8") as f:
@@ -55,7 +58,7 @@ class CrossRankRecorder:
                     except ValueError:
                         continue
                     if isinstance(item, dict) and item.get("cross_rank"):
-                        seen.add((item.get("kind"), item.get("rank")))
+                        seen.add(alert_key(item))
         except FileNotFoundError:
             pass
         return seen
@@ -63,15 +66,15 @@ class CrossRankRecorder:
     def check(self) -> list[Any]:
         """Read what the ranks appended, run the rules; the alerts recorded just now."""
         from msmon_nb.actions import append_jsonl
-        from msmon_nb.diagnose.ranks import rank_alerts
+        from msmon_nb.diagnose.ranks import alert_key, rank_alerts
 
         self.run.refresh()
         seen = self._recorded()
         new = []
         for alert in rank_alerts(self.run):
-            if (alert.kind, alert.rank) in seen:
+            if alert_key(alert) in seen:
                 continue
-            seen.add((alert.kind, alert.rank))
+            seen.add(alert_key(alert))
             append_jsonl(
                 self.alerts_file, dict(alert.to_dict(), wall_time=time.time(), cross_rank=True)
             )
@@ -135,12 +138,13 @@ class RankWatcher:
     def _watcher_found(self, recorder: CrossRankRecorder, found: list[Any]) -> list[Any]:
         """Every cross-rank alert of the run as ``Alert``s (the watcher's and ``found``)."""
         from msmon_nb.diagnose.alert import Alert
+        from msmon_nb.diagnose.ranks import alert_key
 
-        have = {(a.kind, a.rank) for a in self.monitor.alerts}
+        have = {alert_key(a) for a in self.monitor.alerts}
         out = []
         for item in recorder.run.alerts:
-            if item.get("cross_rank") and (item["kind"], item.get("rank")) not in have:
-                have.add((item["kind"], item.get("rank")))
+            if item.get("cross_rank") and alert_key(item) not in have:
+                have.add(alert_key(item))
                 out.append(Alert.from_dict(item))
         return out
 
@@ -176,6 +180,10 @@ def watch(run_dir: Path, alerts_file: Path, parent: int, interval: float = INTER
         stopping = True
 
     signal.signal(signal.SIGTERM, on_term)
+    try:  # below the ranks: on a busy host the watcher must not make rank 0 a straggler
+        os.nice(10)
+    except OSError:
+        pass
     recorder = CrossRankRecorder(run_dir, alerts_file)
     wait = interval
     while not stopping:

@@ -46,9 +46,13 @@ class Recorder(Protocol):
         batch_size: int | None = None,
         global_step: int | None = None,
         params: list | None = None,
+        optimizer: Any = None,
         collect: bool,
     ) -> None:
-        """Count a finished step (index ``step_count``); on collected steps, emit it."""
+        """Count a finished step (index ``step_count``); on collected steps, emit it.
+
+        ``optimizer`` (collected steps only) is where ``optimizer_state`` reads moments.
+        """
         ...
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
@@ -65,6 +69,12 @@ class Recorder(Protocol):
 
     def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; a failure is warned about once and returns None."""
+        ...
+
+    def skip_gate(self) -> Any:
+        """The ``collect.skip.SkipGate`` to put before the optimizer update when the
+        alerts ask for ``action: skip``, else None. After each step the recorder reads
+        from it (in ``record_step``) whether the update was skipped."""
         ...
 
     def warn_once(self, key: str, message: str) -> None:

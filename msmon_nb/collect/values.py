@@ -10,11 +10,14 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
 from msmon_nb.config import MonitorConfig, suggest_tag
 from msmon_nb.metrics.norms import global_norm, sum_of_squares
+
+if TYPE_CHECKING:
+    from msmon_nb.collect.devnorm import DeferredNorm
 
 
 def read_lr(optimizer: Any) -> float | None:
@@ -76,12 +79,14 @@ def norm_on_device(leaves: Sequence[Any]) -> bool:
 
 
 def device_global_norm(leaves: Sequence[Any]) -> float:
-    """sqrt(sum ||g||^2) reduced on the device (float32); 4 bytes reach the host."""
-    import mindspore as ms
-    from mindspore import ops
+    """sqrt(sum ||g||^2) reduced on the device in one launch (float32); read at once.
 
-    squares = [ops.reduce_sum(ops.square(ops.cast(g, ms.float32))) for g in leaves]
-    return float(to_float(ops.sqrt(ops.addn(squares))))
+    The Monitor does not call this: it launches with ``collect.devnorm`` and reads one
+    step late (see there). This is for callers that need the value now.
+    """
+    from msmon_nb.collect.devnorm import launch_global_norm
+
+    return float(to_float(launch_global_norm(leaves)))
 
 
 # the tag each core metric is recorded under
@@ -106,8 +111,15 @@ def step_values(
     step_time: float | None = None,
     samples: int = 0,
     params: Sequence[Any] | None = None,
+    deferred: DeferredNorm | None = None,
+    step: int | None = None,
 ) -> dict[str, float]:
-    """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of one step."""
+    """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of one step.
+
+    On the device path with ``deferred`` given, grad_norm is launched but not read: it
+    is left in ``deferred`` for ``step`` and recorded there one step later (the read
+    then does not stall the step; see ``collect.devnorm``).
+    """
     tracks = config.tracks
     values: dict[str, float] = {}
     if tracks("loss") and loss is not None:
@@ -119,11 +131,14 @@ def step_values(
         if grad_norm is not None:
             values[TAGS["grad_norm"]] = float(to_float(grad_norm))
         elif leaves:
-            values[TAGS["grad_norm"]] = (
-                device_global_norm(leaves)
-                if norm_on_device(leaves)
-                else global_norm(to_numpy(g) for g in leaves)
-            )
+            if not norm_on_device(leaves):
+                values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves)
+            elif deferred is not None and step is not None:
+                from msmon_nb.collect.devnorm import launch_global_norm
+
+                deferred.put(step, launch_global_norm(leaves))
+            else:
+                values[TAGS["grad_norm"]] = device_global_norm(leaves)
     if tracks("learning_rate") and lr is not None:
         value = to_float(lr)
         if value is not None:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from msmon_nb.collect.recorder import Recorder, StopTraining
@@ -85,6 +87,9 @@ class Watch:
         self._t_end: float | None = None
         self.batch_size: int | None = None
         self._norm_seen = False
+        self._owners: dict[int, tuple[Any, Any]] = {}  # id -> (train cell/jit step, its optimizer)
+        self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
+        self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -96,6 +101,7 @@ class Watch:
         self.lr: Any = None
         self.kind: str | None = None  # what began the step: grad, jit, cell, opt
         self.jit_ran = False
+        self.owner: Any = None  # the train cell or jit executor that ran the step
 
     # --- patching -----------------------------------------------------------------------
 
@@ -147,12 +153,18 @@ class Watch:
                 self._patch(target.owner, target.name, makers[name](function, target))
             except (TypeError, AttributeError) as exc:
                 missing.append(f"not observed: {ways[name].observes} ({target.path}: {exc})")
+        gate = self.monitor.skip_gate()
         if ways["optimizer"].available:
             from msmon_nb.collect.graph import OptimizerTap
 
             # without the cache, steps first compiled inside the watch still get the tap
-            self.tap = OptimizerTap(compile_cache())
+            self.tap = OptimizerTap(compile_cache(), gate)
             self._tap_why = ways["compile_cache"].missing_message(version)
+            if gate is not None:  # every optimizer call is gated, PyNative ones too
+                self.gate = gate
+                self.monitor.guard("wrapping the optimizers to skip bad updates", self.tap.install)
+        elif gate is not None:
+            missing.append("not able to skip bad updates (no optimizer to wrap)")
         if missing:
             self.monitor.warn_once(
                 "ways in",
@@ -181,6 +193,11 @@ class Watch:
             self._saved.clear()
             if self.tap is not None:
                 self.tap.uninstall()
+            if self._loss_tapped:
+                from msmon_nb.collect.skip import remove_loss_tap
+
+                for cell in self._loss_tapped:
+                    remove_loss_tap(cell)
             for cell in self._recompiled_cells:
                 cell.compile_cache.clear()
         finally:
@@ -211,7 +228,7 @@ class Watch:
                 watch.batch_size = batch_size_of(args[skip:])
             # (run_args, output), or only run_args (GradOperation on MindSpore 2.7)
             pair = isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], tuple)
-            if watch.collect and pair:
+            if pair and (watch.collect or watch._gate_loss()):
                 watch.loss = out[1]
             return out
 
@@ -242,6 +259,9 @@ class Watch:
                 lr = watch._guard(read_lr, opt)
             watch._in_opt += 1
             watch._depth += 1
+            if top and watch.loss is not None and watch._gate_loss():
+                # a loop's own optimizer call (a train cell's loss is tapped in its graph)
+                watch._guard(watch.gate.feed_loss, watch.loss)
             tap_mode = watch.tap.mode if watch.tap is not None else None
             if tap_mode is not None:
                 tap_mode.python = True  # we see this call: the tap need not compute
@@ -272,6 +292,7 @@ class Watch:
             train = watch._is_train_cell(cell)
             watch._begin("train_cell" if train else "cell")
             if train:
+                watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
             calls = watch._opt_calls
             watch._depth += 1
@@ -283,6 +304,7 @@ class Watch:
                 return out  # a forward pass of the user's (evaluation, logging): no step
             watch._train_cells[id(cell)] = True
             watch.kind = "train_cell"
+            watch.owner = cell
             if watch.batch_size is None:
                 watch.batch_size = batch_size_of(args)
             if watch.collect:
@@ -328,6 +350,7 @@ class Watch:
                 watch._depth -= 1
             watch.jit_ran = True
             if top:
+                watch.owner = executor
                 if watch.batch_size is None:
                     obj = getattr(executor, "obj", None)
                     watch.batch_size = batch_size_of(args[1:] if obj is not None else args)
@@ -380,6 +403,21 @@ class Watch:
         if tap is None or tap.installed or not self._wants("grad_norm", "learning_rate"):
             return
         self.monitor.guard("wrapping the optimizers for jit steps", tap.install)
+
+    def _gate_loss(self) -> bool:
+        """True when the skip gate judges the loss (loss_spike skip or nonfinite skip)."""
+        gate = self.gate
+        return gate is not None and gate.wants_loss
+
+    def _tap_loss(self, cell: Any) -> None:
+        """A train cell's loss never reaches Python before its update: put a LossTap on its
+        ``network`` (once) so the gate in its graph can judge the loss."""
+        if not self._gate_loss() or any(c is cell for c in self._loss_tapped):
+            return
+        from msmon_nb.collect.skip import install_loss_tap
+
+        if self.monitor.guard("tapping the loss for skip", install_loss_tap, cell, self.gate):
+            self._loss_tapped.append(cell)
 
     def _prepare_graph_cell(self, cell: Any) -> None:
         """A train cell run in GRAPH_MODE compiles like a jit step: same tap, and its own
@@ -492,16 +530,22 @@ class Watch:
                 self._norm_seen = True
             elif opt_ran and not self._norm_seen and self._wants("grad_norm"):
                 rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
-            rec.record_step(
-                loss=self.loss,
-                grads=grads,
-                grad_norm=self.grad_norm,
-                lr=self.lr,
-                batch_size=self.batch_size,
-                global_step=global_step,
-                params=list(getattr(self.opt, "parameters", ())) if self.opt is not None else None,
-                collect=True,
-            )
+            params = list(getattr(self.opt, "parameters", ())) if self.opt is not None else None
+            self._in_opt += 1  # the monitor's own device work (devnorm's jit) is no step
+            try:
+                rec.record_step(
+                    loss=self.loss,
+                    grads=grads,
+                    grad_norm=self.grad_norm,
+                    lr=self.lr,
+                    batch_size=self.batch_size,
+                    global_step=global_step,
+                    params=params,
+                    optimizer=self._optimizer(),
+                    collect=True,
+                )
+            finally:
+                self._in_opt -= 1
         else:
             rec.record_step(batch_size=self.batch_size, collect=False)
         self._reset()
@@ -510,6 +554,19 @@ class Watch:
             rec.boundary(raise_stop=True)
         finally:
             self._t_end = time.perf_counter()  # our own boundary work is not data time
+
+    def _optimizer(self) -> Any:
+        """The step's optimizer: the one called from Python, else (for the optimizer state
+        only) the one its graph-mode train cell or jit step holds, looked up once."""
+        if self.opt is not None or self.owner is None or not self._wants("optimizer_state"):
+            return self.opt
+        known = self._owners.get(id(self.owner))
+        if known is None or known[0] is not self.owner:
+            from msmon_nb.collect.optstate import find_optimizer
+
+            known = (self.owner, self._guard(find_optimizer, self.owner))
+            self._owners[id(self.owner)] = known
+        return known[1]
 
     def _why(self) -> str:
         if self.jit_ran:
@@ -530,3 +587,21 @@ class Watch:
 def active_watch() -> Watch | None:
     """The watch currently active in this process, if any."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Framework calls the monitor itself makes (a reduction compiled for the optimizer
+    state) are not the user's steps: inside this block the active watch's hooks pass
+    every call through, as they do inside an optimizer call."""
+    watch = active_watch()
+    if watch is None:
+        yield
+        return
+    watch._in_opt += 1
+    watch._depth += 1
+    try:
+        yield
+    finally:
+        watch._in_opt -= 1
+        watch._depth -= 1

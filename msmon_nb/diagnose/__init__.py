@@ -37,7 +37,10 @@ lr_rise            warning   lr up at each of 3 collected steps and      exact (
 rising_trend       warning   log-loss and log grad_norm (or lr x         change point of a
                              grad_norm) rising together over 30 steps:   flat-then-rising
                              loss slope t >= 1, partner x2 with t >= 6,  fit, late end of
-                             3 steps in a row                            its interval
+                             3 steps in a row; or grad_norm alone flat   its interval
+                             then rising x2 (hinge fit over 60 steps,
+                             t >= 6, 2 steps) while the loss is not
+                             falling, after grad_norm's early growth
 data_bound         warning   median data share >= 50 % over 10 steps     first data-bound
                              and median wait >= 1 ms                     step of the window
 metric_missing     warning   a tracked 'group/tag' absent after 100      first step

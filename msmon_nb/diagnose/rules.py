@@ -61,14 +61,19 @@ _LEVEL_KINDS = {
 }
 
 
+# settings that say what the monitor does about a finding, not how to find it
+_NOT_RULE_PARAMS = ("action", "skip_above", "skip_relative")
+
+
 def make_rule(kind: str, params: dict[str, Any], shared: dict | None = None) -> Any:
-    """A fresh rule object for ``kind`` from its resolved settings (``action`` ignored).
+    """A fresh rule object for ``kind`` from its resolved settings (``action`` and the
+    skip settings ignored).
 
     Rules of one tag that keep the same kind of window share it through ``shared``
     (a dict the caller keeps for the rules of one engine), so it is fed once per step.
     """
     cls = SERIES_RULES[kind]
-    kwargs = {k: v for k, v in params.items() if k != "action"}
+    kwargs = {k: v for k, v in params.items() if k not in _NOT_RULE_PARAMS}
     how = _LEVEL_KINDS.get(kind)
     if how is not None and shared is not None:
         key = (params["tag"], params["window"], tuple(sorted(how)))

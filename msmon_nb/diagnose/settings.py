@@ -19,8 +19,15 @@ from typing import Any
 
 from msmon_nb.config import TAG_RULE, ConfigError, check_tag, suggest_tag
 
-ACTIONS = ("warn", "snapshot", "stop", "debug")
+ACTIONS = ("warn", "snapshot", "stop", "debug", "skip")
 DEFAULT_ACTION = "warn"
+# ``skip`` holds back the parameter update of the step being judged, so it only makes
+# sense for rules that judge one step on its own value: a whole-run pattern (a plateau,
+# an lr schedule, a trend) has no single bad batch to drop.
+SKIP_KINDS = ("grad_explosion", "loss_spike", "nonfinite")
+# updates skipped in a row before the run stops (MindFormers'
+# global_norm_spike_count_threshold; its documented example is 10)
+DEFAULT_MAX_SKIPS = 10
 
 
 class _Bad(Exception):
@@ -96,6 +103,18 @@ def _optional_count(value: Any) -> int | None:
     return _count(1)(value)
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Bad("must be true or false")
+    return value
+
+
+def _optional_positive(value: Any) -> float | None:
+    if value is None:
+        return None
+    return _positive(value)
+
+
 # kind -> parameter -> (default, check, example). The example is what error messages
 # propose, so it must itself pass the check.
 SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
@@ -104,6 +123,12 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
         "factor": (10.0, _above_one, 100.0),
         "z": (5.0, _positive, 8.0),
         "ceiling": (1e6, _positive, 1e5),
+        # with action skip: also skip any step whose grad_norm >= this fixed limit
+        # (MindFormers' global_norm_spike_threshold), besides factor x running median
+        "skip_above": (None, _optional_positive, 10.0),
+        # with action skip: also skip at factor x the running median (false: skip_above
+        # and the ceiling only, as MindFormers' use_skip_data_by_global_norm does)
+        "skip_relative": (True, _flag, False),
         "patience": (2, _count(1), 3),
         "window": (64, _count(4), 128),
         "min_history": (10, _count(2), 20),
@@ -182,6 +207,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
         "companion_factor": (2.0, _above_one, 3.0),
         "t": (6.0, _positive, 8.0),
         "loss_t": (1.0, _nonnegative, 2.0),
+        "lead_t": (6.0, _positive, 7.0),
+        "lead_patience": (2, _count(1), 3),
         "patience": (3, _count(1), 5),
         "min_history": (30, _count(2), 50),
     },
@@ -226,19 +253,31 @@ def _close(word: Any, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _action(path: str, value: Any, example: str) -> str:
+def _action(path: str, value: Any, example: str, kind: str | None = None) -> str:
     if value not in ACTIONS:
         hint = _close(value, list(ACTIONS)) if isinstance(value, str) else ""
         raise _fail(path, value, f"unknown action{hint}; use one of {', '.join(ACTIONS)}", example)
+    if value == "skip" and kind not in SKIP_KINDS:
+        what = f"{kind} judges" if kind else "a top-level action applies to every kind; most judge"
+        raise _fail(
+            path,
+            value,
+            f"skip drops one step's parameter update, so only the kinds that judge a single "
+            f"step accept it ({', '.join(SKIP_KINDS)}); {what} more than one step",
+            "alerts: {grad_explosion: {action: skip}}",
+        )
     return value
 
 
 def resolve_settings(alerts: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults overlaid with ``alerts``, validated; raises ``ConfigError`` on bad input.
 
-    Returns ``{kind: {param: value, ..., "action": "warn"}, ..., "disabled": [kinds]}``
-    with every kind present (disabled ones too, so their thresholds stay inspectable).
-    A top-level ``action`` sets the default action of every kind.
+    Returns ``{kind: {param: value, ..., "action": "warn"}, ..., "disabled": [kinds],
+    "max_skips_in_a_row": 10}`` with every kind present (disabled ones too, so their
+    thresholds stay inspectable). A top-level ``action`` sets the default action of
+    every kind (so it cannot be ``skip``, which only ``SKIP_KINDS`` accept);
+    ``max_skips_in_a_row`` is how many updates ``skip`` may drop in a row before the
+    run stops.
     """
     if alerts is None:
         alerts = {}
@@ -247,12 +286,13 @@ def resolve_settings(alerts: Mapping[str, Any] | None) -> dict[str, Any]:
             f"monitor_config.alerts={alerts!r}: must be a mapping of alert kinds to "
             "settings; for example alerts: {grad_explosion: {factor: 100.0}}"
         )
-    top = [*KINDS, "disabled", "action"]
+    top = [*KINDS, "disabled", "action", "max_skips_in_a_row"]
     for key in alerts:
         if key not in top:
             raise ConfigError(
                 f"monitor_config.alerts has no key {key!r}{_close(key, top)}; keys are the "
-                f"alert kinds ({', '.join(KINDS)}), 'disabled' and 'action'; for example "
+                f"alert kinds ({', '.join(KINDS)}), 'disabled', 'action' and "
+                "'max_skips_in_a_row'; for example "
                 "alerts: {grad_explosion: {factor: 100.0}, disabled: [loss_plateau]}"
             )
     default_action = _action(
@@ -269,7 +309,17 @@ def resolve_settings(alerts: Mapping[str, Any] | None) -> dict[str, Any]:
                 f"unknown alert kind{_close(kind, list(KINDS))}; kinds: {', '.join(KINDS)}",
                 "alerts: {disabled: [loss_plateau]}",
             )
-    out: dict[str, Any] = {"disabled": list(dict.fromkeys(disabled))}
+    max_skips = alerts.get("max_skips_in_a_row", DEFAULT_MAX_SKIPS)
+    try:
+        max_skips = _count(1)(max_skips)
+    except _Bad as exc:
+        raise _fail(
+            "max_skips_in_a_row", max_skips, str(exc), "alerts: {max_skips_in_a_row: 10}"
+        ) from None
+    out: dict[str, Any] = {
+        "disabled": list(dict.fromkeys(disabled)),
+        "max_skips_in_a_row": max_skips,
+    }
     for kind, schema in SCHEMA.items():
         given = alerts.get(kind, {})
         if given is None:
@@ -283,7 +333,9 @@ def resolve_settings(alerts: Mapping[str, Any] | None) -> dict[str, Any]:
         for param, value in given.items():
             path = f"{kind}.{param}"
             if param == "action":
-                resolved["action"] = _action(path, value, _example(kind, "action", "snapshot"))
+                resolved["action"] = _action(
+                    path, value, _example(kind, "action", "snapshot"), kind
+                )
                 continue
             if param not in schema:
                 params = [*schema, "action"]
@@ -295,6 +347,18 @@ def resolve_settings(alerts: Mapping[str, Any] | None) -> dict[str, Any]:
             try:
                 resolved[param] = check(value)
             except _Bad as exc:
-                raise _fail(path, value, str(exc), _example(kind, param, example)) from None
+                fix = _example(kind, param, example)
+                if param == "skip_above":  # acts only with action skip: propose both
+                    fix = f"alerts: {{{kind}: {{action: skip, skip_above: {_yaml(example)}}}}}"
+                raise _fail(path, value, str(exc), fix) from None
+        limit = resolved.get("skip_above")
+        if limit is not None and resolved["action"] != "skip":
+            raise _fail(
+                f"{kind}.skip_above",
+                limit,
+                f"a skip threshold only acts with action: skip (this kind's action is "
+                f"{resolved['action']!r})",
+                f"alerts: {{{kind}: {{action: skip, skip_above: {_yaml(limit)}}}}}",
+            )
         out[kind] = resolved
     return out

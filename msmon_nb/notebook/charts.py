@@ -61,12 +61,19 @@ def plan_charts(tags: list[str]) -> list[Chart]:
         if tag in _OWN_CHART:
             key = _OWN_CHART[tag]
         elif tag.startswith("param/"):
-            key = "param " + tag.rsplit("/", 1)[-1]  # param grad_norm / param weight_norm
+            # param grad_norm / weight_norm / moment1_norm...: one chart per kind
+            key = "param " + tag.rsplit("/", 1)[-1]
         else:
             key = tag.split("/", 1)[0] + "/" if "/" in tag else tag
         groups.setdefault(key, []).append(tag)
     for key, members in groups.items():
         keys = [k for tag in members for k in by_base[tag]]
         title = _GROUP_TITLES.get(tuple(members), key)
+        if len(members) > MAX_LINES:
+            # per-parameter groups (param_stats, optimizer_state) can hold hundreds of
+            # tags: one chart per kind, its first lines, and the title says so; every
+            # series is still recorded (viewer, load_run)
+            shown = {base_tag(k) for k in keys[:MAX_LINES]}
+            title = f"{title} (first {len(shown)} of {len(members)})"
         charts.append(Chart(title, tuple(keys[:MAX_LINES])))
     return charts

@@ -111,15 +111,16 @@ def test_mindformers_yaml_file_loads(tmp_path):
     ours = [w for w in caught if issubclass(w.category, MonitorWarning)]
     assert len(ours) == 1
     message = str(ours[0].message)
+    assert named(message, "local_norm_format") == 1
     for key in (
-        "local_loss_format",
+        "optimizer_state_format",
+        "weight_state_format",
+        "throughput_baseline",
+        "local_loss_format",  # train/local_loss, train/local_grad_norm (collect/comm.py)
         "device_local_loss_format",
-        "local_norm_format",
         "device_local_norm_format",
     ):
-        assert named(message, key) == 1
-    for key in ("optimizer_state_format", "weight_state_format", "throughput_baseline"):
-        assert key not in message
+        assert named(message, key) == 0
     assert "ignored" in message
 
 
@@ -132,22 +133,29 @@ MAPPED = {
     "target": (["layers.[01]"], lambda c: c.param_targets == ["layers.[01]"]),
     "invert": (True, lambda c: not re.search(c.param_targets[0], "layers.0.w")),
     "weight_state_format": ("tensorboard", lambda c: "param_stats" in c.track_metrics),
+    "optimizer_state_format": (["log"], lambda c: "optimizer_state" in c.track_metrics),
+    # each rank's train/local_grad_norm and train/local_loss come with grad_norm and loss
+    "device_local_norm_format": (["tensorboard"], lambda c: "grad_norm" in c.track_metrics),
+    "local_loss_format": (["log", "tensorboard"], lambda c: "loss" in c.track_metrics),
+    "device_local_loss_format": ("log", lambda c: "loss" in c.track_metrics),
     "throughput_baseline": (1200.5, lambda c: c.throughput_baseline == 1200.5),
     "check_for_global_norm": (
         True,
         lambda c: c.alerts == {"grad_explosion": {"ceiling": 3.0}},  # MindFormers' default
     ),
     "global_norm_spike_threshold": (5.0, lambda c: c.alerts == {}),
+    "use_skip_data_by_global_norm": (
+        True,  # the train-step wrapper's default threshold, fixed (no relative criterion)
+        lambda c: (
+            c.alerts
+            == {"grad_explosion": {"action": "skip", "skip_above": 1.0, "skip_relative": False}}
+        ),
+    ),
 }
 IGNORED = {
     "local_norm_format": "log",
-    "device_local_norm_format": ["tensorboard"],
-    "local_loss_format": ["log", "tensorboard"],
-    "device_local_loss_format": "log",
-    "optimizer_state_format": ["log"],
     "max_attention_logit_format": "tensorboard",
     "print_struct": True,
-    "use_skip_data_by_global_norm": True,
     "stable_rank_config": {"format": ["log"], "step_interval": 100},
     "health_checkpoint": {"embedding_local_norm_threshold": 1.0},
 }
@@ -171,14 +179,34 @@ def test_each_unsupported_key_warns_once(key):
     assert config == MonitorConfig()
 
 
-def test_skip_names_its_count_threshold():
-    _config, caught = load(
-        {"use_skip_data_by_global_norm": True, "global_norm_spike_count_threshold": 5}
+def test_skip_maps_threshold_and_count():
+    """use_skip_data_by_global_norm (top level of a MindFormers YAML, beside
+    monitor_config) becomes grad_explosion action skip with its threshold, and the count
+    threshold the number of skips in a row that stops the run (tests/collect/test_skip.py
+    runs it)."""
+    config, caught = load(
+        {
+            "use_skip_data_by_global_norm": True,
+            "monitor_config": {
+                "global_norm_spike_threshold": 3.0,
+                "global_norm_spike_count_threshold": 5,
+            },
+        }
     )
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert "use_skip_data_by_global_norm" in message
-    assert "global_norm_spike_count_threshold" in message
+    assert caught == []
+    settings = resolve_settings(config.alerts)
+    assert settings["grad_explosion"]["action"] == "skip"
+    assert settings["grad_explosion"]["skip_above"] == 3.0
+    assert settings["grad_explosion"]["skip_relative"] is False
+    assert settings["max_skips_in_a_row"] == 5
+    with pytest.raises(ConfigError, match="max_skips_in_a_row=3"):
+        MonitorConfig.from_dict(
+            {
+                "use_skip_data_by_global_norm": True,
+                "global_norm_spike_count_threshold": 5,
+                "alerts": {"max_skips_in_a_row": 3},
+            }
+        )
 
 
 def test_every_key_at_once_one_warning_listing_all_unsupported():
@@ -189,8 +217,7 @@ def test_every_key_at_once_one_warning_listing_all_unsupported():
     assert len(caught) == 1
     message = str(caught[0].message)
     for key in IGNORED:
-        if key != "use_skip_data_by_global_norm":
-            assert named(message, key) == 1, key
+        assert named(message, key) == 1, key
     for key in MAPPED:
         assert f"{key} (" not in message
     assert set(UNSUPPORTED) == set(IGNORED)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from msmon_nb.diagnose import Diagnoser, detect, diagnose
-from msmon_nb.diagnose.trend import SlidingSlope, hinge_onset
+from msmon_nb.diagnose.trend import SlidingSlope, hinge_onset, hinge_rise, hinge_slope, ols_t
 
 
 def test_sliding_slope_matches_a_least_squares_fit():
@@ -27,6 +27,33 @@ def test_hinge_onset_is_the_first_rising_step():
     steps = list(range(0, 600, 10))
     values = [0.0] * 30 + [0.1 * i for i in range(1, 31)]
     assert hinge_onset(steps, values) == 300
+
+
+def test_hinge_rise_finds_the_kink_and_respects_its_limits():
+    rng = np.random.default_rng(1)
+    values = list(0.05 * rng.standard_normal(60))
+    for i in range(45, 60):  # flat, then +0.07 a step over the last 15 values
+        values[i] += 0.07 * (i - 44)
+    t, k, rise = hinge_rise(values, min_flat=20, min_rise=10, rise=np.log(2.0))
+    assert t > 10 and 42 <= k <= 46 and rise == pytest.approx(15 * 0.07, rel=0.15)
+    # a rise shorter than min_rise, or smaller than asked for, is no fit at all
+    assert hinge_rise(values, min_flat=20, min_rise=20, rise=np.log(2.0))[1] <= 39
+    assert hinge_rise(values, min_flat=20, min_rise=10, rise=np.log(10.0)) == (0.0, -1, 0.0)
+
+
+def test_hinge_slope_is_exact_on_a_hinge():
+    values = [2.0] * 20 + [2.0 + 0.3 * i for i in range(1, 11)]
+    assert hinge_slope(values, 19) == pytest.approx(0.3)
+
+
+def test_ols_t_matches_a_least_squares_fit():
+    rng = np.random.default_rng(2)
+    y = 0.01 * np.arange(40) + rng.standard_normal(40)
+    x = np.arange(40)
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    se = np.sqrt(resid @ resid / 38 / ((x - x.mean()) @ (x - x.mean())))
+    assert ols_t(list(y)) == pytest.approx(slope / se, rel=1e-9)
 
 
 @pytest.mark.parametrize(("n", "k"), [(5000, 3000), (100_000, 73_736)])

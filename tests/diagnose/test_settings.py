@@ -117,6 +117,6 @@ def test_yaml_exponents_without_a_dot_are_numbers():
 
 
 def test_actions():
-    assert ACTIONS == ("warn", "snapshot", "stop", "debug")
-    for action in ACTIONS:
+    assert ACTIONS == ("warn", "snapshot", "stop", "debug", "skip")
+    for action in ACTIONS:  # nonfinite accepts skip too (tests/collect/test_skip.py)
         assert resolve_settings({"nonfinite": {"action": action}})["nonfinite"]["action"] == action

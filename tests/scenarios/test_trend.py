@@ -31,8 +31,12 @@ def regression_data(n: int = 1024, seed: int = 0):
     return x, y
 
 
-def train(tmp_path, make_opt, *, steps, seed=0, batch=32, task="regress", hooks=None):
-    """Train a tiny MLP under a Monitor; ``hooks[i](ctx)`` scripts a failure at step i."""
+def train(
+    tmp_path, make_opt, *, steps, seed=0, batch=32, task="regress", hooks=None, grad_scale=None
+):
+    """Train a tiny MLP under a Monitor; ``hooks[i](ctx)`` scripts a failure at step i;
+    ``grad_scale(i)`` multiplies step i's gradients before the optimizer (and the monitor,
+    which reads them there) sees them."""
     if task == "regress":
         x, y = regression_data(seed=seed)
         ms.set_seed(seed)
@@ -58,6 +62,9 @@ def train(tmp_path, make_opt, *, steps, seed=0, batch=32, task="regress", hooks=
                 hooks[i](ctx)
             idx = rng.integers(0, len(y), size=batch)
             _loss, grads = grad_fn(ms.Tensor(x[idx]), ms.Tensor(y[idx]))
+            scale = grad_scale(i) if grad_scale is not None else 1.0
+            if scale != 1.0:
+                grads = tuple(g * scale for g in grads)
             opt(grads)
     return mon
 
@@ -163,3 +170,64 @@ def test_one_outlier_batch_is_a_spike_never_a_divergence(tmp_path):
     )
     kinds = [(a.kind, a.since_step) for a in mon.alerts]
     assert kinds == [("loss_spike", 300)], kinds
+
+
+GROW_FROM = 150
+# gradients scaled up a few % a step from GROW_FROM while the recorded lr stays put (a
+# loss scale that is never undone, a factor compounding in the optimizer)
+GROW_RATE = {"sgd": 1.04, "momentum": 1.03}
+
+
+def grown(tmp_path, opt: str):
+    make = {
+        "sgd": lambda p: nn.SGD(p, learning_rate=0.05),
+        "momentum": lambda p: nn.Momentum(p, learning_rate=0.02, momentum=0.9),
+    }[opt]
+    rate = GROW_RATE[opt]
+    return train(tmp_path, make, steps=300, grad_scale=lambda i: rate ** max(0, i - GROW_FROM + 1))
+
+
+def test_growing_gradient_scale_warned_20_steps_before_the_loss_passes_10x(tmp_path):
+    """Momentum, gradients x1.03 a step: the loss barely moves until the update nears the
+    stability edge; grad_norm rises first, and the grad-led ``rising_trend`` reads it
+    (the joint loss-and-grad shape alone raised nothing before the loss spiked)."""
+    mon = grown(tmp_path, "momentum")
+    loss = mon.series["train/loss"].values
+    blowup = ten_x_step(loss)
+    assert all(a.step >= GROW_FROM for a in mon.alerts), [a.to_dict() for a in mon.alerts]
+    first = mon.alerts[0]
+    assert first.kind == "rising_trend", first.message
+    assert first.step <= blowup - 20, (first.step, blowup, first.message)
+    # dated at or after the first scaled step, never in the flat stretch before it
+    assert GROW_FROM <= first.since_step <= first.step, first.message
+    assert first.message.startswith(f"grad_norm rising steadily since step {first.since_step}")
+    assert "lower the learning rate or clip gradients" in first.message
+    print(
+        f"momentum x1.03: rising_trend at step {first.step}, onset {first.since_step}, "
+        f"loss 10x at {blowup} (lead {blowup - first.step})"
+    )
+
+
+def test_growing_gradient_scale_under_sgd_shows_nothing_until_the_edge(tmp_path):
+    """The limit of any warning from these series. Plain SGD, gradients x1.04 a step: a
+    larger effective step drives the true gradient down as fast as the scale grows, so
+    the recorded grad_norm, the update size lr x grad_norm (lr constant) and the loss all
+    stay at their pre-ramp level until the update crosses the stability edge, and the
+    loss then passes 10x its best within ~10 steps. 20 steps ahead there is nothing to
+    read; the warning still comes first, before the loss passes 10x, dated in the ramp."""
+    mon = grown(tmp_path, "sgd")
+    loss = mon.series["train/loss"].values
+    grad = mon.series["train/grad_norm"].values
+    blowup = ten_x_step(loss)
+    before, late = slice(100, GROW_FROM), slice(blowup - 30, blowup - 19)
+    # 20 steps before the blow-up, both sit at (or below) their level before the ramp
+    assert np.median(grad[late]) < 1.25 * np.median(grad[before])
+    assert np.median(loss[late]) < 1.25 * np.median(loss[before])
+    first = mon.alerts[0]
+    assert first.kind == "rising_trend", [a.to_dict() for a in mon.alerts]
+    assert first.step < blowup, (first.step, blowup)
+    assert GROW_FROM <= first.since_step <= first.step, first.message
+    print(
+        f"sgd x1.04: rising_trend at step {first.step}, onset {first.since_step}, "
+        f"loss 10x at {blowup} (lead {blowup - first.step})"
+    )
