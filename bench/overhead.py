@@ -11,6 +11,7 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    per step and the CPU time per step, which other processes on the machine do not move.
 
     python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300] [--only model]
+                             [--lr-schedule]
 
 Prints ratios of block times (blocks interleaved, order rotated each round) with their
 spread, and the time spent inside the monitor itself per step.
@@ -143,7 +144,7 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [IQR {q1:.3f}-{q3:.3f}, min {min(values):.3f}]"
 
 
-def model_train(train_steps: int, rounds: int, base: str) -> None:
+def model_train(train_steps: int, rounds: int, base: str, schedule: bool = False) -> None:
     """Blocks of one epoch each, alternating within every round (order rotated).
 
     Plain runs on a Model of its own that msmon never touched: the grad_norm tap changes
@@ -158,7 +159,11 @@ def model_train(train_steps: int, rounds: int, base: str) -> None:
 
     def model() -> tuple[Model, mds.Dataset]:
         net = mlp()
-        opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+        # --lr-schedule: a list schedule (warmup), as nn.warmup_lr/cosine_decay_lr give,
+        # long enough for every round; its lr is read on each collected step
+        n = train_steps * (2 * rounds + 5)  # the monitored model runs two variants
+        lr = [0.01 * min(1.0, (i + 1) / 100) for i in range(n)] if schedule else 0.01
+        opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
         loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(64)
         return Model(net, loss_fn=loss_fn, optimizer=opt), dataset
@@ -233,12 +238,15 @@ def main() -> None:
         "--train-rounds", type=int, default=None, help="Model.train rounds (default: --rounds)"
     )
     parser.add_argument("--only", choices=("functional", "model"), default=None)
+    parser.add_argument(
+        "--lr-schedule", action="store_true", help="Model.train with a list lr schedule"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as base:
         if args.only in (None, "functional"):
             functional(args.steps, args.rounds, base)
         if args.only in (None, "model"):
-            model_train(args.train_steps, args.train_rounds or args.rounds, base)
+            model_train(args.train_steps, args.train_rounds or args.rounds, base, args.lr_schedule)
 
 
 if __name__ == "__main__":
