@@ -531,8 +531,7 @@ class Watch:
             elif opt_ran and not self._norm_seen and self._wants("grad_norm"):
                 rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
             params = list(getattr(self.opt, "parameters", ())) if self.opt is not None else None
-            self._in_opt += 1  # the monitor's own device work (devnorm's jit) is no step
-            try:
+            with self.ours():  # the monitor's own device work (devnorm's jit) is no step
                 rec.record_step(
                     loss=self.loss,
                     grads=grads,
@@ -544,8 +543,6 @@ class Watch:
                     optimizer=self._optimizer(),
                     collect=True,
                 )
-            finally:
-                self._in_opt -= 1
         else:
             rec.record_step(batch_size=self.batch_size, collect=False)
         self._reset()
@@ -554,6 +551,18 @@ class Watch:
             rec.boundary(raise_stop=True)
         finally:
             self._t_end = time.perf_counter()  # our own boundary work is not data time
+
+    @contextmanager
+    def ours(self) -> Iterator[None]:
+        """Framework calls made inside are the monitor's, not the user's: every hook
+        passes them through, as it does for calls inside an optimizer call."""
+        self._in_opt += 1
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._in_opt -= 1
+            self._depth -= 1
 
     def _optimizer(self) -> Any:
         """The step's optimizer: the one called from Python, else (for the optimizer state
@@ -598,10 +607,5 @@ def quiet() -> Iterator[None]:
     if watch is None:
         yield
         return
-    watch._in_opt += 1
-    watch._depth += 1
-    try:
+    with watch.ours():
         yield
-    finally:
-        watch._in_opt -= 1
-        watch._depth -= 1
