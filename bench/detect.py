@@ -100,6 +100,22 @@ BASE_ACCEPT = {
 }
 
 
+def _slow_divergence(name: str, opt: str, lr: float, rate: float, seed: int) -> Spec:
+    """A regression run whose gradients grow by ``rate`` a step from step 150."""
+    return Spec(
+        name,
+        "slow_divergence",
+        150,
+        task="regress",
+        opt=opt,
+        lr=lr,
+        at=150,
+        rate=rate,
+        seed=seed,
+        steps=450,
+    )
+
+
 def specs() -> list[Spec]:
     out = [
         Spec("explosion-momentum", "explosion", 201, at=200, lr=0.05, rate=400.0),
@@ -151,20 +167,7 @@ def specs() -> list[Spec]:
             ("sgd", 0.05, 1.04),
         )
     ):
-        out.append(
-            Spec(
-                f"slow-div-{opt}-{rate}",
-                "slow_divergence",
-                150,
-                task="regress",
-                opt=opt,
-                lr=lr,
-                at=150,
-                rate=rate,
-                seed=seed,
-                steps=450,
-            )
-        )
+        out.append(_slow_divergence(f"slow-div-{opt}-{rate}", opt, lr, rate, seed))
     # more seeds and growth rates, added while working on the lead target: s10-s15 held
     # out (the rule was designed on the four above, then checked on these), s20-s23
     # added after the rule's thresholds were chosen
@@ -181,20 +184,7 @@ def specs() -> list[Spec]:
         ("momentum", 0.015, 1.045, 23),
     ]
     for opt, lr, rate, seed in extra:
-        out.append(
-            Spec(
-                f"slow-div-{opt}-{rate}-s{seed}",
-                "slow_divergence",
-                150,
-                task="regress",
-                opt=opt,
-                lr=lr,
-                at=150,
-                rate=rate,
-                seed=seed,
-                steps=450,
-            )
-        )
+        out.append(_slow_divergence(f"slow-div-{opt}-{rate}-s{seed}", opt, lr, rate, seed))
     healthy = [
         ("sgd", 0.1, "constant", 32, "blobs"),
         ("sgd", 0.2, "step", 8, "blobs"),
