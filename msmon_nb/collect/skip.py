@@ -126,12 +126,12 @@ class SkipGate:
 
     def poll(self) -> SkipEvent | None:
         """The skips since the last poll, or None (one int32 read)."""
-        total = int(self.skipped.asnumpy())
+        total = int(self.skipped.item())
         if total <= self._seen:
             return None
         count, self._seen = total - self._seen, total
-        kind = REASONS.get(int(self.reason.asnumpy()), "grad_explosion")
-        loss = float(self.loss.asnumpy())
+        kind = REASONS.get(int(self.reason.item()), "grad_explosion")
+        loss = float(self.loss.item())
         if not (kind == "loss_spike" or (kind == "nonfinite" and not math.isfinite(loss))):
             loss = None  # the stored loss was not this skip's reason (or is stale)
         grad_limit, loss_limit = self._limits
@@ -139,7 +139,7 @@ class SkipGate:
             count=count,
             total=total,
             kind=kind,
-            grad_norm=float(self.skip_norm.asnumpy()),
+            grad_norm=float(self.skip_norm.item()),
             loss=loss,
             grad_limit=grad_limit,
             loss_limit=loss_limit,

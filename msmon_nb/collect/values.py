@@ -60,8 +60,11 @@ def _listed_lr(optimizer: Any) -> Any:
     if known is None or known[0] is not table:
         known = (table, to_numpy(table).reshape(-1))
         _SCHEDULES[id(table)] = known
-    step = int(to_numpy(optimizer.global_step).reshape(-1)[0])
+    step = to_float(optimizer.global_step)
     values = known[1]
+    if step is None:
+        return _NOT_LISTED
+    step = int(step)
     return float(values[step]) if 0 <= step < len(values) else None
 
 

@@ -1,8 +1,8 @@
 """The device path of grad_norm: one reduction where the gradients live, one scalar to
 the host per collected step, read one step late and recorded at its own step. Forced on
 CPU with MSMON_GRAD_NORM_PATH=device; every byte MindSpore copies to the host is counted
-at ``Tensor.asnumpy`` (the one way msmon reads a tensor), and graph launches at
-``_JitExecutor.__call__``."""
+at ``Tensor.asnumpy`` and ``Tensor.item`` (the two ways msmon reads a tensor: ``item`` for
+one-element tensors), and graph launches at ``_JitExecutor.__call__``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class Meter:
         self.bytes: list[int] = []
         self.launches = 0
         asnumpy = ms.Tensor.asnumpy
+        item = ms.Tensor.item
         executor = jit_api()._JitExecutor
         call = executor.__call__
         meter = self
@@ -34,12 +35,19 @@ class Meter:
                 meter.bytes.append(int(out.nbytes))
             return out
 
+        def counting_item(tensor, *args):
+            out = item(tensor, *args)
+            if meter.on:
+                meter.bytes.append(int(tensor.size) * int(tensor.itemsize))
+            return out
+
         def counting_call(self_, *args, **kwargs):
             if meter.on:
                 meter.launches += 1
             return call(self_, *args, **kwargs)
 
         monkeypatch.setattr(ms.Tensor, "asnumpy", counting_asnumpy)
+        monkeypatch.setattr(ms.Tensor, "item", counting_item)
         monkeypatch.setattr(executor, "__call__", counting_call)
 
     def measure(self, fn, *args, **kwargs) -> tuple[int, int]:
