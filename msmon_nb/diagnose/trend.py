@@ -313,6 +313,14 @@ _RISE_SHARE = 1 / 6
 # last ``window`` log grad_norms is at least this significant (cheap, O(1)): on the
 # real healthy runs of bench/detect.py that gate is open on ~2.5 % of steps.
 _GATE_T = 2.0
+# ... and that line rises at least this share of ``companion_factor`` over the window.
+# A rise the hinge would report (x2 over its last 10-40 values) puts 0.75-1.0 of it on
+# that line; a grad_norm creeping up a few % over the window (the memorising, random-
+# label MLP of bench/overhead.py: t >= 2 on half its steps) does not, and paid the fit,
+# ~100 us a step inside Model.train's callback. Checked: the same alerts, steps and
+# onsets with this share at 0.2, 0.3 or 0.4 on bench/detect.py's 67 runs and
+# tests/diagnose's 60 synthetic healthy ones; no fit on that bench's run at any of them.
+_GATE_RISE = 0.2
 # A loss falling this significantly over the rising stretch is healthy training whose
 # gradient norm grows (early training, warmup), not a divergence.
 _LOSS_FALLING_T = -2.0
@@ -461,7 +469,7 @@ class RisingTrend(EpisodeRule):
         grad = self._history_grad
         if len(grad) < grad.maxlen or not self._grad_settled:
             return None
-        if gated and not self._rising(self._grad, 0.0, _GATE_T):
+        if gated and not self._rising(self._grad, _GATE_RISE * self.companion_factor, _GATE_T):
             return None
         pairs = [(g, y) for g, y in zip(grad, self._history, strict=True) if g == g]
         if len(pairs) < len(grad):  # grad_norm missing at some steps: no fair fit
