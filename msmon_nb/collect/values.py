@@ -61,10 +61,9 @@ def _listed_lr(optimizer: Any) -> Any:
         known = (table, to_numpy(table).reshape(-1))
         _SCHEDULES[id(table)] = known
     step = to_float(optimizer.global_step)
-    values = known[1]
     if step is None:
         return _NOT_LISTED
-    step = int(step)
+    values, step = known[1], int(step)
     return float(values[step]) if 0 <= step < len(values) else None
 
 

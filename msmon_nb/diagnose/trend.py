@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 from collections import deque
 
-import numpy as np
-
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.diagnose.base import EpisodeRule, Finding, short
 
@@ -101,29 +99,27 @@ class SlidingSlope:
         return self._fifo[-1]
 
 
-def _hinge_fits(values: list[float]) -> tuple[np.ndarray, ...]:
+def _hinge_fits(values: list[float]) -> list[tuple[int, float, float, float]]:
     """For each kink ``k`` of a flat-then-linear fit ``a + b * max(0, i - k)`` with a
-    positive slope: arrays ``(k, sxy, sxx, sse)`` (centred cross and square sums of the
-    hinge regressor, residual sum of squares), in increasing ``k``. O(n) with suffix
-    sums, vectorised: the grad-led shape refits its 2 x window history on every step
-    its gate is open (most steps of a run whose grad_norm creeps up), where a Python
-    loop over the kinks cost ~60 us a step (bench/overhead.py, Model.train)."""
-    y = np.asarray(values, dtype=np.float64)
-    n = y.size
-    idx = np.arange(n, dtype=np.float64)
-    suf_y = np.cumsum(y[::-1])[::-1]  # suf_y[i] = sum of y over indices >= i
-    suf_iy = np.cumsum((idx * y)[::-1])[::-1]
+    positive slope: ``(k, sxy, sxx, sse)`` (centred cross and square sums of the hinge
+    regressor, residual sum of squares). O(n) with suffix sums."""
+    n = len(values)
+    suf_y = [0.0] * (n + 1)  # suffix sums of y and i*y over i >= k
+    suf_iy = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        suf_y[i] = suf_y[i + 1] + values[i]
+        suf_iy[i] = suf_iy[i + 1] + i * values[i]
     total_y = suf_y[0]
-    syy_c = float(y @ y) - total_y * total_y / n
-    k = np.arange(max(n - 3, 0))
-    m = (n - 1 - k).astype(np.float64)  # points with x > 0
-    sx = m * (m + 1) / 2.0
-    sxx_c = m * (m + 1) * (2 * m + 1) / 6.0 - sx * sx / n
-    sxy_c = suf_iy[k + 1] - k * suf_y[k + 1] - sx * total_y / n
-    keep = (sxx_c > 0.0) & (sxy_c > 0.0)
-    k, sxy_c, sxx_c = k[keep], sxy_c[keep], sxx_c[keep]
-    sse = np.maximum(syy_c - sxy_c * sxy_c / sxx_c, 0.0)
-    return k, sxy_c, sxx_c, sse
+    syy_c = sum(v * v for v in values) - total_y * total_y / n
+    fits: list[tuple[int, float, float, float]] = []
+    for k in range(n - 3):
+        m = n - 1 - k  # points with x > 0
+        sx = m * (m + 1) / 2.0
+        sxx_c = m * (m + 1) * (2 * m + 1) / 6.0 - sx * sx / n
+        sxy_c = suf_iy[k + 1] - k * suf_y[k + 1] - sx * total_y / n
+        if sxx_c > 0.0 and sxy_c > 0.0:
+            fits.append((k, sxy_c, sxx_c, max(syy_c - sxy_c * sxy_c / sxx_c, 0.0)))
+    return fits
 
 
 def hinge_onset(steps: list[int], values: list[float], slack: float | None = None) -> int:
@@ -138,13 +134,13 @@ def hinge_onset(steps: list[int], values: list[float], slack: float | None = Non
     n = len(values)
     if n < 4:
         return steps[0]
-    kinks, _, _, sse = _hinge_fits(values)
-    if not kinks.size:
+    fits = _hinge_fits(values)
+    if not fits:
         return steps[0]
-    best = float(sse.min())
+    best = min(sse for _, _, _, sse in fits)
     slack = HINGE_SLACK if slack is None else slack
     bar = best + slack * best / max(n - 3, 1)  # slack x the residual variance
-    k = int(kinks[sse <= bar].max())
+    k = max(k for k, _, _, sse in fits if sse <= bar)
     return steps[k + 1]  # the last flat point is k; the rise shows from k + 1
 
 
@@ -163,22 +159,20 @@ def hinge_rise(
     growth for t = 5; the hinge reaches t = 7 at ~x2.5 on the same run).
     """
     n = len(values)
-    k, sxy, sxx, sse = _hinge_fits(values)
-    m = n - 1 - k
-    slope = sxy / sxx
-    ok = (k + 1 >= min_flat) & (m >= min_rise) & (slope * m >= rise)
-    if not ok.any():
-        return (0.0, -1, 0.0)
-    k, m, slope, sxx, sse = k[ok], m[ok], slope[ok], sxx[ok], sse[ok]
-    exact = np.flatnonzero(sse == 0.0)
-    if exact.size:  # a perfect fit: the first one wins, as in the loop this replaced
-        i = int(exact[0])
-        return (math.inf, int(k[i]), float(slope[i] * m[i]))
-    t = slope / np.sqrt(sse / (n - 2) / sxx)
-    i = int(np.argmax(t))  # the first of equal maxima
-    if not t[i] > 0.0:
-        return (0.0, -1, 0.0)
-    return (float(t[i]), int(k[i]), float(slope[i] * m[i]))
+    best = (0.0, -1, 0.0)
+    for k, sxy, sxx, sse in _hinge_fits(values):
+        m = n - 1 - k
+        if k + 1 < min_flat or m < min_rise:
+            continue
+        slope = sxy / sxx
+        if slope * m < rise:
+            continue
+        if sse == 0.0:
+            return (math.inf, k, slope * m)
+        t = slope / math.sqrt(sse / (n - 2) / sxx)
+        if t > best[0]:
+            best = (t, k, slope * m)
+    return best
 
 
 def hinge_slope(values: list[float], k: int) -> float:
@@ -316,9 +310,9 @@ _GATE_T = 2.0
 # ... and that line rises at least this share of ``companion_factor`` over the window.
 # A rise the hinge would report (x2 over its last 10-40 values) puts 0.75-1.0 of it on
 # that line; a grad_norm creeping up a few % over the window (the memorising, random-
-# label MLP of bench/overhead.py: t >= 2 on half its steps) does not, and paid the fit,
-# ~100 us a step inside Model.train's callback. Checked: the same alerts, steps and
-# onsets with this share at 0.2, 0.3 or 0.4 on bench/detect.py's 67 runs and
+# label MLP of bench/overhead.py: t >= 2 on half its steps) does not, and paid the fit
+# (~27 us offline, ~100 us inside Model.train's callback). Checked: the same alerts,
+# steps and onsets with this share at 0.2, 0.3 or 0.4 on bench/detect.py's 67 runs and
 # tests/diagnose's 60 synthetic healthy ones; no fit on that bench's run at any of them.
 _GATE_RISE = 0.2
 # A loss falling this significantly over the rising stretch is healthy training whose
