@@ -185,7 +185,7 @@ def model_train(
     every = Monitor(save_dir=base, run_name="model_train_every", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="model_train_tenth", log_interval=10)
     own = {"every step": [], "every 10th": []}
-    taps: list = []  # the every-step callbacks, whose grad_norm taps the last part toggles
+    tapped: tuple = ()  # the first every-step callback and its model: in_graph toggles its tap
     # (variant, instance) -> (model, dataset, callbacks for round r)
     blocks: dict[tuple[str, int], tuple[Model, mds.Dataset, Any]] = {}
     for i in range(instances):
@@ -195,8 +195,8 @@ def model_train(
         for name, mon in (("every step", every), ("every 10th", tenth)):
             cb = mon.callback()
             own[name].append(_Own(cb))
-            if name == "every step":
-                taps.append((cb, mon_model, mon_data))
+            if name == "every step" and not tapped:
+                tapped = (cb, mon_model, mon_data)
             blocks[(name, i)] = (mon_model, mon_data, lambda r, cb=cb: [cb])
     sc_model, sc_data = model()  # a reference, not a target: one instance
     blocks[("SummaryCollector", 0)] = (
@@ -260,7 +260,7 @@ def model_train(
         if name == "every step":
             line += "  (target <= 1.05)"
         print(line)
-    in_graph(taps[0], train_steps, rounds, med_w)
+    in_graph(tapped, train_steps, rounds, med_w)
 
 
 def in_graph(tapped: tuple, train_steps: int, rounds: int, plain_step: float) -> None:
