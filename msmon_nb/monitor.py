@@ -18,6 +18,7 @@ import logging
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,7 @@ class Monitor:
         self._comm: Any = None  # collect.comm.CommTap in a distributed job
         self._optstate: Any = None  # collect.optstate.OptimizerState, made at first use
         self._late = DeferredNorm()  # a device grad_norm launched, read at the next step
+        self._callbacks: list[weakref.ref] = []  # the Model.train callbacks made here
         self._budget = OverheadBudget(cfg.overhead_budget) if cfg.overhead_budget else None
         if self.enabled:
             try:
@@ -206,6 +208,10 @@ class Monitor:
         self.status = status
         if self in _OPEN:
             _OPEN.remove(self)
+        for ref in self._callbacks:  # a Model.train that raised never ran on_train_end
+            callback = ref()
+            if callback is not None:
+                self._guard("unwrapping after Model.train", callback.release)
         if self._actions is not None:
             self._guard("unwrapping the optimizers", self._actions.close)
         if self._comm is not None:
@@ -312,7 +318,9 @@ class Monitor:
         """A ``mindspore.train.Callback`` that records ``Model.train`` (see README)."""
         from msmon_nb.collect.callback import MonitorCallback
 
-        return MonitorCallback(self)
+        callback = MonitorCallback(self)
+        self._callbacks.append(weakref.ref(callback))
+        return callback
 
     def watch(self):
         """Context manager that monitors an unchanged functional loop (see ``collect.watch``)."""
@@ -441,6 +449,7 @@ class Monitor:
         params: list | None = None,
         optimizer: Any = None,
         extra: Mapping[str, float] | None = None,
+        grad_scale: float = 1.0,
         collect: bool,
     ) -> None:
         """Count a finished step; on collected steps compute and emit its scalars."""
@@ -482,6 +491,7 @@ class Monitor:
             params=params,
             deferred=self._late,
             step=step,
+            grad_scale=grad_scale,
         )
         if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
             values[DATA_TAG] = self._data_secs / self._steps_since

@@ -9,12 +9,17 @@ as MindSpore numbers them (``cur_step_num``, from 1), so our records line up wit
 bit more") continues after the run's last step instead, so nothing recorded is
 overwritten and the steps stay in order.
 
-Gradients never leave ``TrainOneStepCell``'s graph, so at ``on_train_begin`` the train
-cell's ``grad_reducer`` is wrapped by ``GradNormTap`` (see ``collect.graph``), which
-stores the global norm of the (reduced) gradients in a Parameter read on collected steps;
-the tap computes it only when told that the coming step is collected (``set_collect``).
-A custom train cell without ``grad_reducer`` gets no grad_norm; a warning says how to
-report it (``mon.step(grad_norm=...)`` or return ``mm.global_norm(grads)``).
+Gradients never leave the train cell's graph, so at ``on_train_begin`` the optimizer
+classes, the clip functions and the loss-scale hooks are wrapped (``collect.gradtaps``;
+restored at ``on_train_end``) and the train cell's compiled graph is dropped once, so
+it compiles with them. The wrappers store, on collected steps only, the norm of what
+the optimizer received (its own ``loss_scale`` undone), of what a clip call received,
+the loss scale in force and whether it overflowed; ``collect.gradsource`` turns that
+into ``train/grad_norm`` as DESIGN.md defines it (unscaled, before clipping) and the
+``grad_norm_clipped``/``loss_scale``/``overflow``/``micro_grad_norm`` tags. The loss
+scale of a cell whose graph never reports it (a fixed ``scale_sense`` or ``sens``) is
+read from the cell. A graph compiled while wrapped keeps the (dormant) wrappers after
+training, so a second ``Model.train`` under the same callback does not compile again.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
+from msmon_nb.collect.gradsource import PER_MICRO_CLIP, resolve, scaling_artifact
 from msmon_nb.collect.tensors import to_float
-from msmon_nb.collect.values import read_lr
+from msmon_nb.collect.values import cell_loss_scale, read_lr
 from msmon_nb.config import suggest_tag
 
 if TYPE_CHECKING:
@@ -38,7 +44,11 @@ class MonitorCallback(Callback):
     def __init__(self, monitor: Recorder) -> None:
         super().__init__()
         self.monitor = monitor
-        self.tap: Any = None
+        self.tap: Any = None  # collect.gradtaps.StepTaps while installed
+        self.network: Any = None
+        self._token = object()  # marks a network whose graph holds this callback's taps
+        self._scale: float | None = None
+        self._collected: int | None = None  # the last collected step
         self.optimizer: Any = None
         self.batch_size: int | None = None
         self._collect = False
@@ -46,7 +56,6 @@ class MonitorCallback(Callback):
         self._t_begin: float | None = None
         self._t_end: float | None = None  # end of the previous step, after our own work
         self._offset = 0  # steps the run had before this Model.train call
-        self._gate_tap: Any = None  # OptimizerTap holding the skip gate, while installed
         self._loss_cell: Any = None  # the train cell whose network has a LossTap
 
     def on_train_begin(self, run_context: Any) -> None:
@@ -57,17 +66,9 @@ class MonitorCallback(Callback):
         dataset = cb.get("train_dataset")
         if dataset is not None and self.batch_size is None:
             self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
-        if mon.config.tracks("grad_norm") and self.tap is None:
-            from msmon_nb.collect.graph import install_tap
-
-            self.tap = mon.guard("installing the grad_norm tap", install_tap, network)
-            if self.tap is None:
-                mon.warn_once(
-                    "no tap",
-                    f"{type(network).__name__} has no grad_reducer, so grad_norm cannot be "
-                    "read from Model.train; pass it yourself with mon.step(grad_norm=...)",
-                )
-        self._gate_updates(network)
+        self.network = network
+        self._install_taps(network)
+        self._gate_loss(network)
         mon.attached("Model.train callback")
         mon.mark_step_start(restart=True)
         self._offset = 0 if mon.last_step is None else mon.last_step
@@ -79,11 +80,20 @@ class MonitorCallback(Callback):
         step = self._offset + int(run_context.original_args().cur_step_num)
         mon.step_count = step
         self._collect = mon.will_collect(step)
-        if self.tap is not None:  # the graph computes the norm only on collected steps
-            mon.guard("switching the grad_norm tap", self.tap.set_collect, self._collect)
+        tap = self.tap
+        if tap is not None:  # the graph computes norms only on collected steps
+            mon.guard("switching the grad_norm tap", tap.set_collect, self._collect)
+            if self._collect:
+                last = self._collected
+                between = step - last - 1 if last is not None else 0
+                self._collected = step
+                mon.guard("reading the taps", tap.begin, between)
         self._lr = None
-        if self._collect and self.optimizer is not None and mon.config.tracks("learning_rate"):
-            self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
+        self._scale = None
+        if self._collect:
+            if self.optimizer is not None and mon.config.tracks("learning_rate"):
+                self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
+            self._scale = mon.guard("reading the loss scale", cell_loss_scale, self.network)
 
     def on_train_step_end(self, run_context: Any) -> None:
         mon = self.monitor
@@ -93,9 +103,17 @@ class MonitorCallback(Callback):
             waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
             mon.add_timing(waited, now - self._t_begin)
         collect = self._collect
+        grad_norm, extra = None, None
+        if collect and self.tap is not None and mon.config.tracks("grad_norm"):
+            got = mon.guard("reading the grad_norm taps", self._grads)
+            if got is not None:
+                grad_norm, extra = got
+        loss = cb.net_outputs if collect else None
+        if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
+            loss = None
         mon.record_step(
-            loss=cb.net_outputs if collect else None,
-            grad_norm=self.tap.norm if collect and self.tap is not None else None,
+            loss=loss,
+            grad_norm=grad_norm,
             lr=self._lr,
             batch_size=self.batch_size,
             params=list(self.optimizer.parameters)
@@ -103,6 +121,7 @@ class MonitorCallback(Callback):
             else None,
             global_step=self._offset + int(cb.cur_step_num),
             optimizer=self.optimizer if collect else None,
+            extra=extra,
             collect=collect,
         )
         if mon.boundary(raise_stop=False):
@@ -125,50 +144,88 @@ class MonitorCallback(Callback):
             mon.guard("recording validation metrics", mon.log, values)
 
     def on_train_end(self, run_context: Any) -> None:
-        self._ungate()
+        self.release()
         self.monitor.guard("flushing", self.monitor.flush)
 
-    def _gate_updates(self, network: Any) -> None:
-        """With ``action: skip``: wrap the optimizers' ``construct`` with the skip gate
-        (unless a watch already did) and tap the train cell's loss, then drop the train
-        cell's compiled graph so that its next step compiles with both."""
+    def _grads(self) -> tuple[float | None, dict[str, float]]:
+        """grad_norm and the other gradient tags of the collected step that just ended."""
+        seen, _lr = self.tap.end()
+        if seen.loss_scale is None:
+            seen.loss_scale = self._scale
+        got = resolve(seen, clip_per_micro=self.tap.pattern.per_micro_clip)
+        if got.note == PER_MICRO_CLIP:
+            self.monitor.warn_once("per-micro clip", PER_MICRO_CLIP)
+        return got.grad_norm, got.values
+
+    def _install_taps(self, network: Any) -> None:
+        """Wrap the optimizers, clip functions and loss-scale hooks (``collect.gradtaps``)
+        for this ``Model.train`` call, and drop the train cell's compiled graph unless it
+        was compiled with this callback's taps. With ``action: skip`` the optimizer
+        wrapper also holds the skip gate (unless a watch's wrapper already does)."""
+        mon = self.monitor
+        if network is None:
+            return
+        gate = mon.skip_gate()
+        wants = mon.config.tracks("grad_norm") or gate is not None
+        if not wants:
+            return
+        if self.tap is None:
+            from msmon_nb.collect.gradtaps import StepTaps
+
+            own_gate = gate if gate is not None and gate.active == 0 else None
+            # no jit cache to drop: the train cell's own graph is dropped below, and
+            # PyNative runs the wrappers as they are (other jit functions keep theirs)
+            self.tap = mon.guard("making the grad_norm taps", StepTaps, None, own_gate)
+            if self.tap is None:
+                return
+        if mon.guard("installing the grad_norm taps", self.tap.install) is None and not (
+            self.tap.installed
+        ):
+            self.tap = None
+            return
+        if getattr(network, "_msmon_tapped_by", None) is not self._token:
+            cache = getattr(network, "compile_cache", None)
+            if isinstance(cache, set):
+                cache.clear()
+            network._msmon_tapped_by = self._token
+
+    def _gate_loss(self, network: Any) -> None:
+        """With ``action: skip`` on the loss: a LossTap on the train cell's network, so
+        the gate in its graph can judge the loss (its compiled graph dropped once)."""
         mon = self.monitor
         gate = mon.skip_gate()
-        if gate is None or network is None:
+        if gate is None or network is None or not gate.wants_loss:
             return
-        from msmon_nb.collect.graph import OptimizerTap
-        from msmon_nb.collect.hooks import compile_cache
         from msmon_nb.collect.skip import install_loss_tap
 
-        if gate.active == 0:
-            tap = OptimizerTap(compile_cache(), gate)
-            if mon.guard("wrapping the optimizers to skip bad updates", tap.install) is None:
-                self._gate_tap = tap if tap.installed else None
-        if gate.wants_loss:
-            self._loss_cell = network
-            if mon.guard("tapping the loss for skip", install_loss_tap, network, gate) is None:
-                self._loss_cell = None
-                if gate.uses_loss:
-                    mon.warn_once(
-                        "skip loss",
-                        f"{type(network).__name__} has no `network` cell, so its loss cannot "
-                        "be judged inside the graph; loss_spike skip does not act on it "
-                        "(grad_explosion and nonfinite on grad_norm still do)",
-                    )
+        self._loss_cell = network
+        if mon.guard("tapping the loss for skip", install_loss_tap, network, gate) is None:
+            self._loss_cell = None
+            if gate.uses_loss:
+                mon.warn_once(
+                    "skip loss",
+                    f"{type(network).__name__} has no `network` cell, so its loss cannot "
+                    "be judged inside the graph; loss_spike skip does not act on it "
+                    "(grad_explosion and nonfinite on grad_norm still do)",
+                )
+            return
         cache = getattr(network, "compile_cache", None)
         if isinstance(cache, set):
             cache.clear()
 
-    def _ungate(self) -> None:
-        """Undo ``_gate_updates`` at the end of ``Model.train``: the user's objects come back."""
+    def release(self) -> None:
+        """Undo what ``on_train_begin`` wrapped: the user's classes come back (also when
+        the monitor closes after a ``Model.train`` that raised, where ``on_train_end``
+        never ran). The train cell's compiled graph keeps the wrappers, switched off."""
         from msmon_nb.collect.skip import remove_loss_tap
 
-        if self._gate_tap is not None:
-            self.monitor.guard("unwrapping the optimizers", self._gate_tap.uninstall)
-            self._gate_tap = None
+        mon = self.monitor
+        if self.tap is not None:
+            mon.guard("switching the grad_norm tap off", self.tap.set_collect, False)
+            mon.guard("unwrapping the optimizers", self.tap.uninstall)
         cell, self._loss_cell = self._loss_cell, None
         if cell is not None:
-            self.monitor.guard("removing the loss tap", remove_loss_tap, cell)
+            mon.guard("removing the loss tap", remove_loss_tap, cell)
             cache = getattr(cell, "compile_cache", None)
-            if isinstance(cache, set):  # its graph held the tap and the gate
+            if isinstance(cache, set):  # its graph held the loss tap
                 cache.clear()

@@ -28,7 +28,7 @@ While a distributed ``Monitor`` is open, ``CommTap`` replaces
 every loop shape calling one from Python is measured: explicit ``mon.step`` loops,
 ``mon.watch()`` (whose own reducer hook wraps this one while it is active), and
 ``Model.train`` in PyNative mode, whose ``TrainOneStepCell`` calls its ``grad_reducer``
-(our ``GradNormTap``, which calls the reducer) from Python. Close restores the class.
+from Python. Close restores the class.
 
 PyNative dispatch is asynchronous (checked on 2.10 and 2.7.1: the reducer call returns
 in ~0.6 ms and the wait appears when the result is read), so the wrapper synchronises

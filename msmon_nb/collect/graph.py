@@ -1,22 +1,20 @@
-"""Graph-safe pieces: a global norm usable inside ``mindspore.jit``, and the train-cell tap.
+"""Graph-safe pieces: a global norm usable inside ``mindspore.jit``, and the optimizer tap.
 
-``Model.train`` runs ``TrainOneStepCell``, whose gradients never leave the graph. To
-report grad_norm we replace its ``grad_reducer`` (an identity Cell, or the all-reduce in
-data parallel) with ``GradNormTap``: it applies the original reducer, then stores the
-global norm of the reduced gradients in a non-trainable Parameter that the callback
-reads on collected steps. The gradients passed on are unchanged. The norm costs one
-fused square-sum per step inside the graph.
+Gradients inside a compiled step (``Model.train``'s train cell, a ``@ms.jit`` step)
+never reach Python, so ``OptimizerTap`` wraps every optimizer class's ``construct``
+with a wrapper MindSpore compiles into those graphs: it stores the global norm of the
+gradients the optimizer receives (its own ``loss_scale`` undone) and the lr in
+non-trainable Parameters read on collected steps. Where the gradient is clipped or
+loss-scaled before it reaches the optimizer, ``collect.gradtaps`` sees it there.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-
-TAP_PARAM = "msmon_grad_norm"
-TAP_ON_PARAM = "msmon_grad_norm_on"
 
 
 def global_norm(grads: Any) -> Tensor:
@@ -29,8 +27,9 @@ def global_norm(grads: Any) -> Tensor:
 
 
 def square_sum(g: Tensor) -> Tensor:
-    """``sum(g**2)`` in float32, graph-safe: summed along the last (contiguous) axis
-    first, then over what is left.
+    """``sum(g**2)`` in float32, graph-safe: a tensor of more than two axes is first
+    viewed as 2-D (its first axis, then the rest), then summed along the last
+    (contiguous) axis, then over what is left.
 
     Why not one flat ReduceSum: inside a train graph, reshaping a gradient to 1-D made
     MindSpore's CPU runtime copy it (Reshape kernels of 0.09-0.12 ms per large gradient
@@ -39,58 +38,20 @@ def square_sum(g: Tensor) -> Tensor:
     Kernel times summed by MindSpore's profiler, ``Model.train`` of the MLP
     784-512-512-10 on 2.10: 695-772 us a step for flatten-then-sum, 221-226 us for
     this (one read of its 2.7 MB of gradients at this VM's copy bandwidth: ~186 us).
+    Why 2-D first: a conv kernel's last axis is its kernel width (3), and summing along
+    it was the slowest way of all -- ResNet-18's 62 gradients (11.2 M values) in one jit
+    graph on 2.10: 65-69 ms summed along the last axis, 12 ms viewed as 2-D, 17-20 ms as
+    a matmul of the flattened gradient with itself, 2.3-3.4 ms for numpy's dot on the host
+    (``bench/trainers.py`` prints the in-graph cost at that size).
     ``x * x`` beats ``Square`` on these kernels.
     """
     sq = ops.cast(g, ms.float32)
+    if len(g.shape) > 2:
+        sq = ops.reshape(sq, (g.shape[0], -1))
     sq = sq * sq
     if len(g.shape) > 1:
         sq = ops.reduce_sum(sq, -1)
     return ops.reduce_sum(sq)
-
-
-class GradNormTap(nn.Cell):
-    """Wraps a train cell's ``grad_reducer`` and keeps the reduced gradients' global norm.
-
-    The norm is computed only while ``on`` is 1: the callback sets it before collected
-    steps and clears it before the others (``set_collect``), so a step that is not
-    collected pays no reduction inside the graph (one branch on a scalar instead; the
-    reduction cost 0.5-2 ms of CPU per ~10 ms step of a 0.67 M-parameter MLP on CPU).
-    """
-
-    def __init__(self, reducer: Any) -> None:
-        super().__init__(auto_prefix=False)
-        self.reducer = reducer
-        self.norm = Parameter(Tensor(0.0, ms.float32), name=TAP_PARAM, requires_grad=False)
-        self.on = Parameter(Tensor(1, ms.int32), name=TAP_ON_PARAM, requires_grad=False)
-        # what ``on`` holds, so the host writes it only when it changes; a list, because
-        # assigning a Cell attribute runs Cell.__setattr__'s checks (tens of us per step)
-        self._on = [True]
-
-    def set_collect(self, collect: bool) -> None:
-        """Compute the norm in the coming steps or not (a 4-byte write when it changes)."""
-        on = self._on
-        if collect != on[0]:
-            self.on.set_data(Tensor(int(collect), ms.int32))
-            on[0] = collect
-
-    def construct(self, grads):
-        grads = self.reducer(grads)
-        if self.on > 0:
-            squares = [square_sum(g) for g in grads]
-            ops.assign(self.norm, ops.sqrt(ops.addn(squares)))
-        return grads
-
-
-def install_tap(train_network: Any) -> GradNormTap | None:
-    """Put a ``GradNormTap`` into ``train_network``; None when it has no grad_reducer."""
-    reducer = getattr(train_network, "grad_reducer", None)
-    if reducer is None:
-        return None
-    if isinstance(reducer, GradNormTap):
-        return reducer
-    tap = GradNormTap(reducer)
-    train_network.grad_reducer = tap
-    return tap
 
 
 def _optimizer_classes() -> list[type]:
@@ -121,9 +82,14 @@ class OptimizerTap:
     def __init__(self, cache: set | None, gate: Any = None) -> None:
         self.cache = cache
         self.gate = gate  # a collect.skip.SkipGate: the update runs only when it passes
-        self.norm = _scalar("msmon_tap_grad_norm", 0.0, ms.float32)
-        self.lr = _scalar("msmon_tap_lr", 0.0, ms.float32)
-        self.count = _scalar("msmon_tap_count", 0, ms.int32)
+        self.norm = tap_scalar("msmon_tap_grad_norm", 0.0, ms.float32)
+        self.lr = tap_scalar("msmon_tap_lr", 0.0, ms.float32)
+        self.count = tap_scalar("msmon_tap_count", 0, ms.int32)
+        # norm and lr are computed only while ``on`` is 1 (collected steps; the skip
+        # gate needs the norm on every step, so a gated wrapper always computes it);
+        # ``count`` moves on every call
+        self.on = tap_scalar("msmon_tap_on", 0, ms.int32)
+        self._on = [False]
         self._saved: list[tuple[type, Any]] = []
         # where each class's original construct is kept while wrapped: one name per tap,
         # so two taps stacked on a class (a watch and a Model.train callback) unwind
@@ -143,7 +109,7 @@ class OptimizerTap:
             if _takes_gradients_only(original):
                 self._saved.append((cls, original))
                 setattr(cls, self._attr, original)
-                wrapper = _tapped(self._attr, self.norm, self.lr, self.count, self.mode, self.gate)
+                wrapper = _tapped(self._attr, self, self.gate)
                 if self.gate is not None:
                     # PyNative calls run it as one compiled graph, like the original
                     # (jit-decorated) construct, not op by op (about 3x the step time of
@@ -173,16 +139,33 @@ class OptimizerTap:
         if self.cache is not None:
             self.cache.clear()
 
+    def set_collect(self, collect: bool) -> None:
+        """Compute norm and lr in the coming calls or not (a 4-byte write on a change)."""
+        on = self._on
+        if collect != on[0]:
+            # an op into the Parameter's own memory: ``set_data`` swaps in a new tensor,
+            # which a graph compiled before may not see (collect.skip says the same)
+            ops.assign(self.on, Tensor(int(collect), ms.int32))
+            on[0] = collect
+
     def read_count(self) -> int:
         return int(self.count.item())
 
     def read(self) -> tuple[int, float, float]:
-        """(calls so far, the last call's gradient norm, the last call's lr)."""
+        """(calls so far, the last collected call's gradient norm with the optimizer's
+        own ``loss_scale`` undone, and its lr)."""
         return self.read_count(), float(self.norm.item()), float(self.lr.item())
 
 
-def _scalar(name: str, value: Any, dtype: Any) -> Parameter:
-    return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
+_SERIAL = itertools.count()
+
+
+def tap_scalar(name: str, value: Any, dtype: Any) -> Parameter:
+    """A non-trainable scalar Parameter a wrapper writes from inside a graph. Its name is
+    unique in the process: two taps stacked in one graph (a watch's and a
+    ``Model.train`` callback's) would otherwise fail to compile ("its name ... already
+    exists")."""
+    return Parameter(Tensor(value, dtype), name=f"{name}_{next(_SERIAL)}", requires_grad=False)
 
 
 def _takes_gradients_only(construct: Any) -> bool:
@@ -209,14 +192,7 @@ _GRAD = Tensor(2, ms.int32)
 _LOSS = Tensor(3, ms.int32)
 
 
-def _tapped(
-    attr: str,
-    norm: Parameter,
-    lr_store: Parameter,
-    count: Parameter,
-    mode: TapMode,
-    gate: Any = None,
-) -> Any:
+def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
     """The wrapper put in place of an optimizer class's ``construct``.
 
     The original is called as a method (``getattr(self, attr)``), never as
@@ -224,6 +200,10 @@ def _tapped(
     inside an optimizer's construct as a Parameter update only when ``self`` is the
     cell the method is bound to; called as a plain function, Adam's beta powers stopped
     advancing after the first step (seen on 2.10 and 2.7.1, PyNative and graph).
+
+    The stored norm is of the gradients divided by the optimizer's ``loss_scale``
+    (``FixedLossScaleManager(drop_overflow_update=False)`` hands the optimizer gradients
+    scaled by it, and the optimizer divides them itself): the gradient it applies.
 
     With a ``gate`` (``collect.skip.SkipGate``) the update is conditional: it runs when
     the gradients' global norm is below the gate's limit and the step's loss (when a
@@ -234,6 +214,7 @@ def _tapped(
     decision itself needs no host round trip. It then returns a bool tensor (True when
     the update ran) instead of the original's result.
     """
+    norm, lr_store, count, on, mode = tap.norm, tap.lr, tap.count, tap.on, tap.mode
     gated = gate is not None
     if gated:
         limit, loss_limit, loss, fresh = gate.limit, gate.loss_limit, gate.loss, gate.fresh
@@ -249,17 +230,33 @@ def _tapped(
     def construct(self, gradients):
         if mode.python and not gated:
             return getattr(self, attr)(gradients)
+        called = ops.assign_add(count, _ONE)
+        gradients = ops.depend(gradients, called)
+        if not gated:
+            # the branch yields a scalar the gradients then depend on: a branch yielding the
+            # gradients themselves can change how MindSpore fuses the update (float16
+            # bits), and one whose result is unused was dropped (AdamWeightDecay, 2.10)
+            if on > 0:
+                total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
+                if self.need_scale:
+                    total = total * self.reciprocal_scale
+                lr = self.get_lr()
+                if self.is_group_lr:
+                    lr = lr[0]
+                token = ops.depend(_ONE, ops.assign(norm, total))
+                token = ops.depend(token, ops.assign(lr_store, ops.cast(lr, ms.float32)))
+            else:
+                token = _ZERO
+            return getattr(self, attr)(ops.depend(gradients, token))
+        total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
+        if self.need_scale:
+            total = total * self.reciprocal_scale
         lr = self.get_lr()
         if self.is_group_lr:
             lr = lr[0]
-        squares = [square_sum(g) for g in gradients]
-        total = ops.sqrt(ops.addn(squares))
         stored = ops.assign(norm, total)
         stored = ops.depend(stored, ops.assign(lr_store, ops.cast(lr, ms.float32)))
-        stored = ops.depend(stored, ops.assign_add(count, ops.ones((), ms.int32)))
         gradients = ops.depend(gradients, stored)
-        if not gated:
-            return getattr(self, attr)(gradients)
         has_loss = fresh > _ZERO
         finite = ops.logical_and(
             ops.isfinite(total), ops.logical_or(ops.logical_not(has_loss), ops.isfinite(loss))

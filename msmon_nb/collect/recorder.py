@@ -47,11 +47,15 @@ class Recorder(Protocol):
         global_step: int | None = None,
         params: list | None = None,
         optimizer: Any = None,
+        extra: Mapping[str, float] | None = None,
+        grad_scale: float = 1.0,
         collect: bool,
     ) -> None:
         """Count a finished step (index ``step_count``); on collected steps, emit it.
 
-        ``optimizer`` (collected steps only) is where ``optimizer_state`` reads moments.
+        ``optimizer`` (collected steps only) is where ``optimizer_state`` reads moments;
+        ``extra`` holds more scalars of the step by tag (``collect.gradsource``'s);
+        ``grad_scale`` is the loss scale still in ``grads`` (their norms are divided by it).
         """
         ...
 

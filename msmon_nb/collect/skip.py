@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
+
+from msmon_nb.collect.graph import tap_scalar
 
 # reason codes written by the wrapper (collect.graph) -> the alert kind they answer to
 REASONS = {1: "nonfinite", 2: "grad_explosion", 3: "loss_spike"}
@@ -46,10 +48,6 @@ class SkipEvent:
     loss: float | None  # None when the step's loss did not reach the gate
     grad_limit: float
     loss_limit: float
-
-
-def _scalar(name: str, value: Any, dtype: Any) -> Parameter:
-    return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
 
 
 class SkipGate:
@@ -70,13 +68,13 @@ class SkipGate:
         # whether the loss may be judged at all: not in data parallel, where each rank's
         # loss is its own and ranks must take the same decision
         self.wants_loss = (loss or nonfinite) and local
-        self.limit = _scalar("msmon_skip_limit", math.inf, ms.float32)
-        self.loss_limit = _scalar("msmon_skip_loss_limit", math.inf, ms.float32)
-        self.loss = _scalar("msmon_skip_loss", 0.0, ms.float32)
-        self.fresh = _scalar("msmon_skip_loss_fresh", 0, ms.int32)
-        self.skipped = _scalar("msmon_skip_count", 0, ms.int32)
-        self.reason = _scalar("msmon_skip_reason", 0, ms.int32)
-        self.skip_norm = _scalar("msmon_skip_norm", 0.0, ms.float32)
+        self.limit = tap_scalar("msmon_skip_limit", math.inf, ms.float32)
+        self.loss_limit = tap_scalar("msmon_skip_loss_limit", math.inf, ms.float32)
+        self.loss = tap_scalar("msmon_skip_loss", 0.0, ms.float32)
+        self.fresh = tap_scalar("msmon_skip_loss_fresh", 0, ms.int32)
+        self.skipped = tap_scalar("msmon_skip_count", 0, ms.int32)
+        self.reason = tap_scalar("msmon_skip_reason", 0, ms.int32)
+        self.skip_norm = tap_scalar("msmon_skip_norm", 0.0, ms.float32)
         self.active = 0  # OptimizerTaps holding this gate that are installed now
         self.taps: list[Any] = []  # those taps (release() unwinds what a crash left)
         self.loss_cells: list[Any] = []  # train cells whose network has a LossTap

@@ -67,6 +67,38 @@ def _listed_lr(optimizer: Any) -> Any:
     return float(values[step]) if 0 <= step < len(values) else None
 
 
+def cell_loss_scale(cell: Any) -> float | None:
+    """The loss scale a train cell applies to this step's gradients: ``scale_sense``
+    (``TrainOneStepWithLossScaleCell`` and its subclasses: MindCV, MindOCR, MindFormers)
+    or ``sens`` (``TrainOneStepCell(sens=...)``, which ``Model`` builds for
+    ``FixedLossScaleManager(drop_overflow_update=False)``); None for other cells."""
+    if cell is None:
+        return None
+    scale = getattr(cell, "scale_sense", None)
+    if scale is not None and hasattr(scale, "asnumpy"):
+        return to_float(scale)
+    if getattr(cell, "sense_flag", False) and isinstance(getattr(cell, "sens", None), int | float):
+        return float(cell.sens)
+    return None
+
+
+def optimizer_loss_scale(optimizer: Any) -> float:
+    """The ``loss_scale`` an optimizer divides its gradients by (1 for most)."""
+    scale = getattr(optimizer, "loss_scale", 1.0)
+    return float(scale) if isinstance(scale, int | float) and scale > 0 else 1.0
+
+
+def norm_now(grads: Any) -> float | None:
+    """The global norm of ``grads`` (any nesting of tensors), read at once: on the host
+    where that is fastest, else reduced on the device (``norm_on_device``)."""
+    leaves = flatten_tensors(grads)
+    if not leaves:
+        return None
+    if norm_on_device(leaves):
+        return device_global_norm(leaves)
+    return global_norm(to_numpy(g) for g in leaves)
+
+
 def read_global_step(optimizer: Any) -> int | None:
     """The optimizer's ``global_step`` counter, if it has one."""
     counter = getattr(optimizer, "global_step", None)
@@ -84,8 +116,10 @@ def param_stats(
     weights: Sequence[Any] | None,
     grads: Sequence[Any] | None,
     targets: Iterable[str],
+    grad_scale: float = 1.0,
 ) -> dict[str, float]:
-    """``param/<name>/weight_norm`` and ``.../grad_norm`` for names matching ``targets``."""
+    """``param/<name>/weight_norm`` and ``.../grad_norm`` for names matching ``targets``
+    (gradient norms divided by ``grad_scale``, the loss scale still in them)."""
     patterns = [re.compile(t) for t in targets]
     out: dict[str, float] = {}
     for i, name in enumerate(names):
@@ -95,7 +129,8 @@ def param_stats(
         if weights is not None and i < len(weights):
             out[f"param/{tag}/weight_norm"] = math.sqrt(sum_of_squares(to_numpy(weights[i])))
         if grads is not None and i < len(grads):
-            out[f"param/{tag}/grad_norm"] = math.sqrt(sum_of_squares(to_numpy(grads[i])))
+            norm = math.sqrt(sum_of_squares(to_numpy(grads[i])))
+            out[f"param/{tag}/grad_norm"] = norm / grad_scale
     return out
 
 
@@ -152,12 +187,15 @@ def step_values(
     params: Sequence[Any] | None = None,
     deferred: DeferredNorm | None = None,
     step: int | None = None,
+    grad_scale: float = 1.0,
 ) -> dict[str, float]:
     """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of one step.
 
     On the device path with ``deferred`` given, grad_norm is launched but not read: it
     is left in ``deferred`` for ``step`` and recorded there one step later (the read
-    then does not stall the step; see ``collect.devnorm``).
+    then does not stall the step; see ``collect.devnorm``). ``grad_scale``: the loss
+    scale still in ``grads`` (their norms are divided by it; ``grad_norm`` is taken as
+    given).
     """
     tracks = config.tracks
     values: dict[str, float] = {}
@@ -171,13 +209,14 @@ def step_values(
             values[TAGS["grad_norm"]] = float(to_float(grad_norm))
         elif leaves:
             if not norm_on_device(leaves):
-                values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves)
+                values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves) / grad_scale
             elif deferred is not None and step is not None:
                 from msmon_nb.collect.devnorm import launch_global_norm
 
-                deferred.put(step, launch_global_norm(leaves))
+                norm = launch_global_norm(leaves)
+                deferred.put(step, norm / grad_scale if grad_scale != 1.0 else norm)
             else:
-                values[TAGS["grad_norm"]] = device_global_norm(leaves)
+                values[TAGS["grad_norm"]] = device_global_norm(leaves) / grad_scale
     if tracks("learning_rate") and lr is not None:
         value = to_float(lr)
         if value is not None:
@@ -195,7 +234,7 @@ def step_values(
         values[TAGS["global_step"]] = float(global_step)
     if tracks("param_stats") and params:
         names = [getattr(p, "name", f"param_{i}") for i, p in enumerate(params)]
-        values.update(param_stats(names, params, leaves, config.param_targets))
+        values.update(param_stats(names, params, leaves, config.param_targets, grad_scale))
     if tracks("system"):
         from msmon_nb.collect.system import system_metrics
 

@@ -40,9 +40,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from msmon_nb.collect.gradsource import GradSeen, resolve, scaling_artifact
 from msmon_nb.collect.recorder import Recorder, StopTraining
-from msmon_nb.collect.tensors import batch_size_of, flatten_tensors
-from msmon_nb.collect.values import read_global_step, read_lr
+from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
+from msmon_nb.collect.values import (
+    cell_loss_scale,
+    norm_now,
+    optimizer_loss_scale,
+    read_global_step,
+    read_lr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +69,28 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, tuple | list) and value else value
 
 
+def _helper(executor: Any) -> str | None:
+    """The name of a jit function MindSpore itself defines (``mindspore.amp``'s
+    ``_grad_scale_map``/``_grad_unscale_map``/``_all_finite``, an optimizer's compiled
+    ``construct``...); None for the user's own. Those are framework calls inside the
+    user's step, never a step of their own (the loss-scale recipe calls three). A
+    function MindSpore builds for the user (``ms.jit(ms.value_and_grad(f))`` compiles a
+    closure defined in ``mindspore.ops``) is the user's: only module-level ones count."""
+    fn = getattr(executor, "fn", None)
+    module = getattr(fn, "__module__", None) or ""
+    qualname = getattr(fn, "__qualname__", "") or ""
+    if getattr(executor, "obj", None) is not None or "<locals>" in qualname:
+        return None
+    return getattr(fn, "__name__", "?") if module.startswith("mindspore.") else None
+
+
 class Watch:
     """Context manager returned by ``Monitor.watch()``."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.monitor = recorder
         self._saved: list[tuple[Any, str, Any, bool]] = []
-        self.tap: Any = None
-        self._tap_before = 0
+        self.tap: Any = None  # collect.gradtaps.StepTaps
         self._tap_why: str | None = None
         self._train_cells: dict[int, bool] = {}
         self._recompiled_cells: list[Any] = []
@@ -82,6 +103,7 @@ class Watch:
         self._in_forward = 0
         self._in_model = 0
         self._opt_calls = 0
+        self._opt_at_begin = 0  # _opt_calls when the collected step began
         self._callback: Any = None
         self._t_first: float | None = None
         self._t_end: float | None = None
@@ -102,6 +124,11 @@ class Watch:
         self.kind: str | None = None  # what began the step: grad, jit, cell, opt
         self.jit_ran = False
         self.owner: Any = None  # the train cell or jit executor that ran the step
+        self.amp_scale: float | None = None  # the amp loss scale the forward applied
+        self.raw_loss: Any = None  # the loss before the amp loss scaler scaled it
+        self.micro: list[float] = []  # earlier micro-batches' gradient norms this step
+        self.calls = 0  # grad and jit calls in this step (> 1: accumulation)
+        self.overflowed = False  # amp.all_finite found inf/nan in this step's gradients
 
     # --- patching -----------------------------------------------------------------------
 
@@ -155,14 +182,21 @@ class Watch:
                 missing.append(f"not observed: {ways[name].observes} ({target.path}: {exc})")
         gate = self.monitor.skip_gate()
         if ways["optimizer"].available:
-            from msmon_nb.collect.graph import OptimizerTap
+            from msmon_nb.collect.gradtaps import StepTaps
 
             # without the cache, steps first compiled inside the watch still get the tap
-            self.tap = OptimizerTap(compile_cache(), gate)
+            self.tap = StepTaps(compile_cache(), gate)
             self._tap_why = ways["compile_cache"].missing_message(version)
+            # clip and loss-scale functions run in Python in PyNative loops: wrapped now
+            # (nothing compiled is dropped until a graph step needs it)
+            self.monitor.guard(
+                "wrapping the clip and loss-scale functions", self.tap.graph.install, False
+            )
             if gate is not None:  # every optimizer call is gated, PyNative ones too
                 self.gate = gate
-                self.monitor.guard("wrapping the optimizers to skip bad updates", self.tap.install)
+                self.monitor.guard(
+                    "wrapping the optimizers to skip bad updates", self.tap.optimizer.install
+                )
         elif gate is not None:
             missing.append("not able to skip bad updates (no optimizer to wrap)")
         if missing:
@@ -180,7 +214,9 @@ class Watch:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
-            if exc_type is None and self.pending and not self.opt_seen and self.kind != "cell":
+            last = self.pending and self.kind != "cell"
+            skipped = self.overflowed and self.opt is None  # an overflow-skipped update
+            if exc_type is None and last and (not self.opt_seen or skipped):
                 self._finish()  # before the tap goes: a jit step's norm is still there
         except StopTraining:
             pass
@@ -215,6 +251,7 @@ class Watch:
                 return original(*args, **kwargs)
             if watch._depth == 0:
                 watch._begin("grad")
+                watch.calls += 1
             watch._depth += 1
             watch._in_forward += 1
             try:
@@ -240,6 +277,8 @@ class Watch:
         def grad_backward(*args, **kwargs):
             out = original(*args, **kwargs)
             if watch.collect and not watch._in_model and not watch._in_forward:
+                if watch.grads is not None and watch._depth == 0:  # an earlier micro-batch's
+                    watch._keep_micro_norm()
                 watch.grads = out
             return out
 
@@ -262,7 +301,7 @@ class Watch:
             if top and watch.loss is not None and watch._gate_loss():
                 # a loop's own optimizer call (a train cell's loss is tapped in its graph)
                 watch._guard(watch.gate.feed_loss, watch.loss)
-            tap_mode = watch.tap.mode if watch.tap is not None else None
+            tap_mode = watch.tap.optimizer.mode if watch.tap is not None else None
             if tap_mode is not None:
                 tap_mode.python = True  # we see this call: the tap need not compute
             try:
@@ -339,9 +378,13 @@ class Watch:
         def jit_executor_call(executor, *args, **kwargs):
             if watch._in_opt or watch._in_model:
                 return original(executor, *args, **kwargs)
+            helper = _helper(executor)
+            if helper is not None:
+                return watch._framework_jit(helper, original, executor, args, kwargs)
             top = watch._depth == 0
             if top:
                 watch._begin("jit")
+            watch.calls += top
             watch._install_tap()
             watch._depth += 1
             try:
@@ -360,6 +403,36 @@ class Watch:
 
         return jit_executor_call
 
+    def _framework_jit(self, name: str, original: Any, executor: Any, args, kwargs) -> Any:
+        """A jit function of MindSpore's own, called from Python: it joins the open step
+        (or opens one that the user's next call starts). ``mindspore.amp``'s loss scaling,
+        seen in the forward pass: the scale and the unscaled loss."""
+        if self._depth == 0:
+            self._begin("cell")
+        if name == "_grad_scale_map" and self._in_forward and self.collect and len(args) >= 2:
+            self.amp_scale = to_float(args[0])
+            if hasattr(args[1], "shape") and int(getattr(args[1], "size", 0) or 0) == 1:
+                self.raw_loss = args[1]  # scale(loss): the loss the loop computed
+        self._depth += 1
+        self._in_opt += 1  # what it calls inside is framework work too
+        try:
+            out = original(executor, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            self._in_opt -= 1
+        if name == "_all_finite" and self._depth == 0 and not self.overflowed:
+            # one bool read a step: an overflow skips the optimizer call that would end
+            # the step, so the next grad call must end it instead
+            self.overflowed = self._guard(to_float, out) == 0.0
+        return out
+
+    def _keep_micro_norm(self) -> None:
+        """The gradients of an earlier micro-batch of this step (accumulation): their
+        norm, loss scale undone, before the next backward replaces them."""
+        norm = self._guard(norm_now, self.grads)
+        if norm is not None:
+            self.micro.append(norm / (self.amp_scale or 1.0))
+
     def _model_hook(self, original: Any, target: Any) -> Any:
         # where `callbacks` sits: train(epoch, dataset, callbacks, ...), eval(dataset,
         # callbacks), fit(epoch, dataset, valid_dataset, valid_frequency, callbacks, ...)
@@ -372,8 +445,12 @@ class Watch:
             else:
                 kwargs["callbacks"] = watch._with_callback(kwargs.get("callbacks"))
             watch._in_model += 1
+            tap = watch.tap
             try:
-                return original(model, *args, **kwargs)
+                if tap is None:
+                    return original(model, *args, **kwargs)
+                with tap.suspended():  # the callback's own taps measure Model.train
+                    return original(model, *args, **kwargs)
             finally:
                 watch._in_model -= 1
 
@@ -400,7 +477,9 @@ class Watch:
     def _install_tap(self) -> None:
         """Before the first jit step runs: wrap the optimizers and drop compiled phases."""
         tap = self.tap
-        if tap is None or tap.installed or not self._wants("grad_norm", "learning_rate"):
+        if tap is None or tap.optimizer.installed:
+            return
+        if not self._wants("grad_norm", "learning_rate"):
             return
         self.monitor.guard("wrapping the optimizers for jit steps", tap.install)
 
@@ -431,7 +510,7 @@ class Watch:
             return
         self._install_tap()
         cache = getattr(cell, "compile_cache", None)
-        if isinstance(cache, set) and self.tap is not None and self.tap.installed:
+        if isinstance(cache, set) and self.tap is not None and self.tap.optimizer.installed:
             cache.clear()
             self._recompiled_cells.append(cell)
 
@@ -460,10 +539,12 @@ class Watch:
         step or open one. The collect decision is taken here, so ``set_collect_freq``
         between two steps applies to the very next one."""
         if self.pending:
-            if kind in ("opt", "cell") or self.opt_seen:
+            if self.kind == "cell" and kind != "cell":
+                self.kind = kind  # only framework work so far: this call starts the step
                 return
-            if self.kind == "cell":  # only framework work so far: this call starts the step
-                self.kind = kind
+            # an update skipped for a loss-scale overflow: no optimizer call ends the step
+            skipped = self.overflowed and self.opt is None and kind in ("grad", "jit")
+            if (kind in ("opt", "cell") or self.opt_seen) and not skipped:
                 return
             self._finish()
         rec = self.monitor
@@ -475,8 +556,11 @@ class Watch:
         rec.mark_step_start()
         self._t_first = time.perf_counter()
         tap = self.tap
-        if self.collect and tap is not None and tap.installed:
-            self._tap_before = self._guard(tap.read_count) or 0
+        if tap is not None and tap.installed:
+            self._guard(tap.set_collect, self.collect)
+            if self.collect:
+                self._guard(tap.begin)
+                self._opt_at_begin = self._opt_calls
 
     def _take_jit_output(self, out: Any) -> None:
         items = out if isinstance(out, tuple | list) else (out,)
@@ -490,18 +574,69 @@ class Watch:
             elif isinstance(second, tuple | list) and flatten_tensors(second):
                 self.grads = second
 
-    def _read_tap(self) -> None:
-        """On a collected step that ran a graph: the optimizer's norm and lr, if it ran."""
+    def _gradients(self) -> tuple[Any, Any, float, dict[str, float]]:
+        """What the step that just ended shows of its gradients, as ``collect.gradsource``
+        reads it: (tensors whose norm the recorder takes, or None; grad_norm when already
+        a number; the loss scale their norms are divided by; the extra tags).
+
+        PyNative gradients are seen where they are produced (a ``value_and_grad``, or the
+        backward inside a train cell called by hand): their loss scale is the amp
+        scaler's (seen in the forward pass) or the train cell's. Graph steps (``@jit``,
+        graph-mode cells) show what their optimizer and clip calls received, through the
+        taps. What the optimizer received is read only where the contract needs it.
+        """
         tap = self.tap
-        if tap is None or not tap.installed or not self.jit_ran:
-            return
-        got = self._guard(tap.read)
-        if got is None or got[0] <= self._tap_before:
-            return
-        _, norm, lr = got
-        self.grad_norm = norm
-        if self.lr is None and self._wants("learning_rate"):
-            self.lr = lr
+        seen, tap_lr = GradSeen(), None
+        if tap is not None and tap.begun:
+            got = self._guard(tap.end, self._opt_calls - self._opt_at_begin)
+            if got is not None:
+                seen, tap_lr = got
+        if tap_lr is not None and self.lr is None and self._wants("learning_rate"):
+            self.lr = tap_lr
+        if self.kind == "train_cell":
+            # reduced gradients of a train cell may or may not carry its loss scale
+            produced = self.grads if self.reduced is None else None
+            cell_scale = self._guard(cell_loss_scale, self.owner)
+            if seen.loss_scale is None:
+                seen.loss_scale = cell_scale
+            scale = seen.loss_scale or 1.0
+        else:
+            produced = self.reduced if self.reduced is not None else self.grads
+            if seen.loss_scale is None:
+                seen.loss_scale = self.amp_scale
+            scale = self.amp_scale or 1.0
+        seen.accumulating = seen.accumulating or self.calls > 1
+        if self.grad_norm is not None and not seen.optimizer_ran:
+            # a jit step's second output, a scalar: ``return loss, mm.global_norm(grads)``
+            # (where its graph's optimizer call was seen, the tap knows better: a suite's
+            # step may return other scalars there)
+            seen.produced = to_float(self.grad_norm)
+        elif produced is not None:
+            seen.produced_later = True
+            if self.micro or seen.accumulating:
+                seen.produced = self._guard(norm_now, produced)
+                if seen.produced is not None:
+                    seen.produced /= scale
+        if seen.produced is not None and self.micro:
+            seen.micro = [*self.micro, seen.produced]
+        if self.opt_grads is not None:
+            seen.optimizer_ran = True
+            unseen = seen.produced is None and not seen.produced_later
+            if seen.clip_input is not None or seen.accumulating or unseen:
+                got = self._guard(norm_now, self.opt_grads)
+                if got is not None:
+                    seen.received = got / (self._guard(optimizer_loss_scale, self.opt) or 1.0)
+        per_micro = tap.pattern.per_micro_clip if tap is not None else False
+        out = resolve(seen, clip_per_micro=per_micro)
+        if out.note is not None:
+            self.monitor.warn_once("per-micro clip", out.note)
+        if out.source is not None or out.note is not None or seen.overflow:
+            self._norm_seen = True
+        if out.source == "produced" and out.grad_norm is None:
+            return produced, None, scale, out.values
+        if out.grad_norm is None:
+            return None, None, 1.0, out.values
+        return produced, out.grad_norm, scale, out.values
 
     def _finish(self, opt_ran: bool = True) -> None:
         """Record the step that just ended, then run the step-boundary controls."""
@@ -513,34 +648,29 @@ class Watch:
             rec.add_timing(waited, now - self._t_first)
             self._t_first = None
         if self.collect:
-            self._read_tap()
-            if self.kind == "train_cell":
-                # a train cell: what its optimizer received (unscaled when loss-scaled)
-                grads = self.reduced if self.reduced is not None else self.opt_grads
-            else:
-                # all-reduced gradients first (identical on every rank), else the raw
-                # ones before any clipping, else what the optimizer received
-                candidates = (self.reduced, self.grads, self.opt_grads)
-                grads = next((g for g in candidates if g is not None), None)
+            grads, grad_norm, scale, extra = self._gradients()
             global_step = None
             if self.opt is not None and self._wants("global_step"):
                 global_step = self._guard(read_global_step, self.opt)
                 global_step = None if global_step is None else global_step - 1
-            if grads is not None or self.grad_norm is not None:
-                self._norm_seen = True
-            elif opt_ran and not self._norm_seen and self._wants("grad_norm"):
+            if opt_ran and not self._norm_seen and self._wants("grad_norm"):
                 rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
             params = list(getattr(self.opt, "parameters", ())) if self.opt is not None else None
+            loss = self.raw_loss if self.raw_loss is not None else self.loss
+            if self._guard(scaling_artifact, extra, loss):
+                loss = None
             with self.ours():  # the monitor's own device work (devnorm's jit) is no step
                 rec.record_step(
-                    loss=self.loss,
+                    loss=loss,
                     grads=grads,
-                    grad_norm=self.grad_norm,
+                    grad_norm=grad_norm,
+                    grad_scale=scale,
                     lr=self.lr,
                     batch_size=self.batch_size,
                     global_step=global_step,
                     params=params,
                     optimizer=self._optimizer(),
+                    extra=extra or None,
                     collect=True,
                 )
         else:

@@ -123,6 +123,16 @@ class StepOrder:
         return bool(st and st[2])
 
 
+# tags whose presence shows a tracked metric is observed though not recorded under its
+# own tag: grad_norm of a step whose loss scale overflowed, or of a loop that clips each
+# micro-batch before accumulating (collect.gradsource says why, once)
+_STANDS_IN = {"train/grad_norm": ("train/micro_grad_norm", "train/overflow")}
+
+
+def _seen(tag: str, values: Mapping[str, float]) -> bool:
+    return tag in values or any(alt in values for alt in _STANDS_IN.get(tag, ()))
+
+
 class MetricMissing:
     """A tag listed in ``track_metrics`` that has not appeared after ``patience``
     collected steps: its chart would show a flat line that looks like data.
@@ -149,11 +159,11 @@ class MetricMissing:
             self._collected += 1
             if self._first is None:
                 self._first = step
-        if self.reported and any(tag in values for tag in self.reported):
-            self.reported = [t for t in self.reported if t not in values]
+        if self.reported and any(_seen(tag, values) for tag in self.reported):
+            self.reported = [t for t in self.reported if not _seen(t, values)]
         pending = self.pending
-        if any(tag in values for tag in pending):
-            self.pending = pending = [t for t in pending if t not in values]
+        if any(_seen(tag, values) for tag in pending):
+            self.pending = pending = [t for t in pending if not _seen(t, values)]
         if not pending or self._collected < self.patience:
             return []
         first = self._first if self._first is not None else step

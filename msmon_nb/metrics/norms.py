@@ -23,12 +23,16 @@ def sum_of_squares(array: np.ndarray) -> float:
     flat = np.asarray(array).reshape(-1)
     if flat.dtype not in (np.float32, np.float64):
         flat = flat.astype(np.float32)
-    if flat.size <= _CHUNK:
-        return float(np.dot(flat, flat))
     total = 0.0
     for start in range(0, flat.size, _CHUNK):
         part = flat[start : start + _CHUNK]
-        total += float(np.dot(part, part))
+        square = float(np.dot(part, part))
+        if math.isinf(square) and part.dtype == np.float32 and np.isfinite(part).all():
+            # finite values past ~1.8e19 overflow a float32 square: a diverging run's
+            # gradients are finite and huge, and their norm should say how huge
+            wide = part.astype(np.float64)
+            square = float(np.dot(wide, wide))
+        total += square
     return total
 
 

@@ -10,17 +10,22 @@ from dataclasses import dataclass
 
 CORE_CHARTS = (
     ("loss", ("train/loss",)),
-    ("grad_norm", ("train/grad_norm",)),
+    # before clipping, what the optimizer got after it, and the largest micro-batch
+    ("grad_norm", ("train/grad_norm", "train/grad_norm_clipped", "train/micro_grad_norm")),
     ("learning_rate", ("train/learning_rate",)),
     ("throughput (samples/s)", ("train/throughput",)),
 )
-LOG_BY_DEFAULT = frozenset({"train/grad_norm"})
+LOG_BY_DEFAULT = frozenset({"train/grad_norm", "train/loss_scale"})
 MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # shown as numbers elsewhere (global_step) or the inverse of a core chart (step_time)
 _NOT_CHARTED = frozenset({"train/global_step", "train/step_time"})
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
-_OWN_CHART = {"train/linearity": "throughput linearity (throughput / baseline)"}
+_OWN_CHART = {
+    "train/linearity": "throughput linearity (throughput / baseline)",
+    "train/loss_scale": "loss scale",
+    "train/overflow": "loss-scale overflow (1: update skipped)",
+}
 # groups whose prefix alone says little
 _GROUP_TITLES = {
     ("train/compute_time", "train/data_time"): "step time (s): waiting for data vs compute",
@@ -49,8 +54,9 @@ def plan_charts(tags: list[str]) -> list[Chart]:
     by_base: dict[str, list[str]] = {}
     for key in sorted(tags):
         by_base.setdefault(base_tag(key), []).append(key)
+    # a core chart stands before its data arrives; its companions join once recorded
     charts = [
-        Chart(title, tuple(k for t in tags_ for k in by_base.get(t, [t])))
+        Chart(title, tuple(k for t in tags_ for k in by_base.get(t, [t] if t == tags_[0] else [])))
         for title, tags_ in CORE_CHARTS
     ]
     core = {t for _, ts in CORE_CHARTS for t in ts}

@@ -320,5 +320,5 @@ def test_jit_gradients_with_a_pynative_optimizer(tmp_path):
             _, grads = grad_fn(a, b)
             norms.append(tiny.numpy_global_norm(grads))
             opt(grads)  # in Python: the watch sees its gradients, the tap stays idle
-        assert watch.tap.installed and watch.tap.read_count() == 0
+        assert watch.tap.optimizer.installed and watch.tap.optimizer.read_count() == 0
     check_run(mon, 8, norms, lr=[0.05] * 8)

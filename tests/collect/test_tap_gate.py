@@ -22,7 +22,7 @@ class TapWatcher(ms.train.Callback):
         self.seen: list[float] = []
 
     def on_train_step_end(self, run_context):
-        self.seen.append(float(self.callback.tap.norm.asnumpy()))
+        self.seen.append(float(self.callback.tap.optimizer.norm.asnumpy()))
 
 
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])

@@ -247,8 +247,8 @@ def test_outlier_batch_on_one_rank_named_with_its_step(tmp_path):
 
 @pytest.mark.slow
 def test_model_train_straggler_and_outlier_named(tmp_path):
-    # Model.train in PyNative: TrainOneStepCell calls its grad_reducer (our GradNormTap
-    # around DistributedGradReducer) from Python; rank 1 sleeps in a callback from step
+    # Model.train in PyNative: TrainOneStepCell calls its grad_reducer
+    # (DistributedGradReducer) from Python; rank 1 sleeps in a callback from step
     # 30 and reads an outlier batch at step 40 (MindSpore's numbering, from 1)
     def check(run):
         steps = run.scalars("train/comm_wait", rank=0).steps

@@ -1,0 +1,382 @@
+"""Where real train steps clip gradients and undo loss scales, seen from inside graphs.
+
+``train/grad_norm`` is the norm of the gradient *as the model produced it*: loss scale
+undone, before clipping (DESIGN.md, Tags). The optimizer tap (``collect.graph``) sees
+what the optimizer receives, which is neither when a train step clips (MindCV's
+``TrainStep``, MindYOLO, MindOCR, MindFormers all can) or hands the optimizer a scaled
+gradient (``FixedLossScaleManager(drop_overflow_update=False)`` with ``loss_scale=`` on
+the optimizer). ``GraphTaps`` wraps, class- or module-level, the few MindSpore functions
+every such step goes through, so the wrappers are compiled into whatever graph calls
+them (a ``Model.train`` cell, a ``@ms.jit`` step) and also run when PyNative calls them:
+
+* clipping: every Cell class that clips by norm (``clip_cells``: MindSpore's
+  ``_ClipByGlobalNorm`` behind ``ops.clip_by_global_norm``, ``nn.ClipByNorm`` (one
+  tensor a call, so the squares add up over the calls of a step), MindFormers'
+  ``ClipGradNorm``...) and ``ops.clip_by_norm`` (its ``_cal_total_norm``): the sum of
+  squares of what came *in*, i.e. the norm before clipping, and the number of calls;
+* loss scaling: ``TrainOneStepWithLossScaleCell.process_loss_scale(overflow)`` (MindSpore's
+  own cell and every subclass that calls it) and ``mindspore.amp``'s ``_grad_unscale_map``
+  and ``_all_finite`` (behind ``StaticLossScaler``/``DynamicLossScaler.unscale`` and
+  ``amp.all_finite``): the scale in force and whether the gradients overflowed.
+
+Call counters and the loss scale are written on every call; the norms (the costly part)
+only while ``on`` is 1 (collected steps), and the host zeroes the clip sum after reading
+it. No wrapper puts a branch between the user's values and their use: a gated branch
+yields a scalar token and the values pass through ``ops.depend(values, token)``. (Seen
+on 2.10: a wrapper returning ``out`` from an ``if`` changed a float16 jit step's weights
+in the last bits -- the branch moved where MindSpore fused the unscale -- and a branch
+whose result nothing used was dropped from an AdamWeightDecay graph.)
+
+A graph compiled before ``install`` keeps its old code: ``install``/``uninstall`` drop
+the jit compile cache (``collect.hooks.compile_cache``)
+and callers drop a train cell's own cache, as for the optimizer tap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from msmon_nb.collect.gradsource import GradSeen, StepPattern
+from msmon_nb.collect.graph import OptimizerTap, square_sum, tap_scalar
+
+_ONE = Tensor(1, ms.int32)
+_ZERO = Tensor(0, ms.int32)
+_ZERO_F = Tensor(0.0, ms.float32)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Counters the wrappers move on every call (collected or not)."""
+
+    optimizer: int = 0  # optimizer calls (the optimizer tap)
+    clips: int = 0  # clip calls
+    checks: int = 0  # loss-scale overflow checks
+    overflows: int = 0  # checks that found inf/nan
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(*(a - b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[int, int, int, int]:
+        return (self.optimizer, self.clips, self.checks, self.overflows)
+
+
+class GraphTaps:
+    """The Parameters the clip and loss-scale wrappers write, and the wrappers."""
+
+    def __init__(self, cache: set | None) -> None:
+        self.cache = cache
+        self.on = tap_scalar("msmon_taps_on", 0, ms.int32)
+        self.clip_sq = tap_scalar("msmon_clip_sq", 0.0, ms.float32)
+        self.clip_calls = tap_scalar("msmon_clip_calls", 0, ms.int32)
+        self.overflows = tap_scalar("msmon_overflows", 0, ms.int32)
+        self.checks = tap_scalar("msmon_overflow_checks", 0, ms.int32)
+        self.scale = tap_scalar("msmon_loss_scale", 0.0, ms.float32)
+        self.scales = tap_scalar("msmon_loss_scale_reads", 0, ms.int32)
+        self._on = [False]  # what ``on`` holds (see OptimizerTap.set_collect)
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def install(self, recompile: bool = True) -> None:
+        """Wrap what exists in this MindSpore (each piece is looked up, not assumed).
+        ``recompile``: drop compiled jit graphs, so their next call compiles with the
+        wrappers (PyNative calls see them at once)."""
+        if self._saved:
+            return
+        clip = _module("mindspore.ops.function.clip_func")
+        amp = _module("mindspore.amp")
+        nn = _module("mindspore.nn")
+        plan = [(cls, "construct", self._clip_cell) for cls in clip_cells()]
+        plan += [
+            (clip, "_cal_total_norm", self._clip_total),
+            (getattr(nn, "TrainOneStepWithLossScaleCell", None), "process_loss_scale", self._ls),
+            (amp, "_grad_unscale_map", self._unscale),
+            (amp, "_all_finite", self._all_finite),
+        ]
+        for owner, name, make in plan:
+            original = _own(owner, name)
+            if original is None:
+                continue
+            self._put(owner, name, make(original))
+            if isinstance(owner, type):
+                # a method's original is called bound (``getattr(self, ...)``), as the
+                # optimizer tap does: MindSpore's parser treats ``self`` specially
+                self._put(owner, self._attr(name), original)
+        if recompile:
+            self._recompile()
+
+    def _put(self, owner: Any, name: str, value: Any) -> None:
+        had = name in vars(owner)
+        self._saved.append((owner, name, vars(owner).get(name), had))
+        setattr(owner, name, value)
+
+    def _attr(self, name: str) -> str:
+        return f"_msmon_original_{name}_{id(self):x}"
+
+    def uninstall(self, recompile: bool = True) -> None:
+        """Restore what ``install`` wrapped; ``recompile``: drop compiled jit graphs
+        (those compiled while wrapped hold the wrappers)."""
+        if not self._saved:
+            return
+        for owner, name, old, had in reversed(self._saved):
+            if had:
+                setattr(owner, name, old)
+            else:
+                delattr(owner, name)
+        self._saved.clear()
+        if recompile:
+            self._recompile()
+
+    def _recompile(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
+
+    def set_collect(self, collect: bool) -> None:
+        """Write in the coming steps or not (a 4-byte write when it changes)."""
+        if collect != self._on[0]:
+            ops.assign(self.on, Tensor(int(collect), ms.int32))  # see clip_norm()
+            self._on[0] = collect
+
+    def counts(self) -> tuple[int, int, int]:
+        """(clip calls, overflow checks, overflows found) so far."""
+        return (int(self.clip_calls.item()), int(self.checks.item()), int(self.overflows.item()))
+
+    def clip_norm(self) -> float:
+        """The norm of what the clip calls received since the last call (then zeroed)."""
+        norm = float(self.clip_sq.item()) ** 0.5
+        # an op writing the Parameter's memory: ``set_data`` gives the Parameter a new
+        # tensor, and a Model.train graph compiled before kept adding into the old one
+        # (seen on 2.10: every read after the first gave 0)
+        ops.assign(self.clip_sq, _ZERO_F)
+        return norm
+
+    def scale_count(self) -> int:
+        return int(self.scales.item())
+
+    # --- the wrappers: plain graph syntax (MindSpore parses them when it compiles) ----
+
+    def _clip_cell(self, original: Any) -> Any:
+        on, total, calls, attr = self.on, self.clip_sq, self.clip_calls, self._attr("construct")
+
+        def construct(self, x, *args):
+            token = ops.assign_add(calls, _ONE)
+            if on > 0:
+                if isinstance(x, (tuple, list)):
+                    added = ops.assign_add(total, ops.addn([square_sum(g) for g in x]))
+                else:
+                    added = ops.assign_add(total, square_sum(x))
+                token = ops.depend(_ONE, added)
+            else:
+                token = ops.depend(_ZERO, token)
+            return getattr(self, attr)(ops.depend(x, token), *args)
+
+        return construct
+
+    def _clip_total(self, original: Any) -> Any:
+        on, total, calls = self.on, self.clip_sq, self.clip_calls
+
+        def _cal_total_norm(x, norm_type):
+            norm = original(x, norm_type)
+            if norm_type == 2.0:
+                token = ops.assign_add(calls, _ONE)
+                if on > 0:
+                    f32 = ops.cast(norm, ms.float32)
+                    token = ops.depend(_ONE, ops.assign_add(total, f32 * f32))
+                else:
+                    token = ops.depend(_ZERO, token)
+                norm = ops.depend(norm, token)
+            return norm
+
+        return _cal_total_norm
+
+    def _ls(self, original: Any) -> Any:
+        flag, checks, scale, scales = self.overflows, self.checks, self.scale, self.scales
+        attr = self._attr("process_loss_scale")
+
+        def process_loss_scale(self, overflow):
+            mark = ops.assign_add(flag, ops.cast(overflow, ms.int32))
+            mark = ops.depend(mark, ops.assign_add(checks, _ONE))
+            used = ops.assign(scale, ops.cast(ops.reshape(self.scale_sense, ()), ms.float32))
+            used = ops.depend(used, ops.assign_add(scales, _ONE))
+            return getattr(self, attr)(ops.depend(overflow, ops.depend(mark, used)))
+
+        return process_loss_scale
+
+    def _unscale(self, original: Any) -> Any:
+        scale, scales = self.scale, self.scales
+
+        def _grad_unscale_map(scale_value, inputs):
+            used = ops.assign(scale, ops.cast(scale_value, ms.float32))
+            used = ops.depend(used, ops.assign_add(scales, _ONE))
+            return original(ops.depend(scale_value, used), inputs)
+
+        return _grad_unscale_map
+
+    def _all_finite(self, original: Any) -> Any:
+        flag, checks = self.overflows, self.checks
+
+        def _all_finite(inputs, check_overflow_mode, enable_allfinite):
+            finite = original(inputs, check_overflow_mode, enable_allfinite)
+            bad = ops.cast(ops.logical_not(finite), ms.int32)
+            mark = ops.depend(ops.assign_add(flag, bad), ops.assign_add(checks, _ONE))
+            return ops.depend(finite, mark)
+
+        return _all_finite
+
+
+_CLIP_NAME = re.compile(r"clip.*norm|norm.*clip", re.IGNORECASE)
+
+
+def clip_cells() -> list[type]:
+    """Every Cell class defined so far that clips by norm, found by its name, with a
+    ``construct`` of its own whose first argument is what it clips: MindSpore's
+    ``_ClipByGlobalNorm`` (behind ``ops.clip_by_global_norm``) and ``nn.ClipByNorm``,
+    and the suites' own (MindFormers' ``ClipGradNorm``, which returns the clipped
+    gradients and their norm). A class is wrapped once (its subclasses inherit it)."""
+    nn = _module("mindspore.nn")
+    if nn is None:
+        return []
+    out, stack, seen = [], [nn.Cell], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        construct = vars(cls).get("construct")
+        if construct is None or not _CLIP_NAME.search(cls.__name__):
+            continue
+        if any(_CLIP_NAME.search(base.__name__) for base in cls.__mro__[1:]):
+            continue  # a subclass of a clip cell calls it: counted there
+        if _positional(construct) >= 2:  # (self, x, ...)
+            out.append(cls)
+    return out
+
+
+def _positional(function: Any) -> int:
+    import inspect
+
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+
+
+def _module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _own(owner: Any, name: str) -> Any:
+    """``owner.name`` when it is a callable defined there (or inherited, for classes)."""
+    if owner is None:
+        return None
+    value = getattr(owner, name, None)
+    return value if callable(value) else None
+
+
+class StepTaps:
+    """The optimizer tap and the clip/loss-scale taps, read around one collected step.
+
+    ``set_collect`` before every step; on a collected one ``begin()`` before it and
+    ``end()`` after it give a ``GradSeen`` (what the optimizer received, what the clip
+    calls received, overflow, loss scale) and the lr the optimizer used. Reading costs a
+    few 4-byte copies per collected step; uncollected steps pay one counter increment
+    per wrapped call inside the graph.
+    """
+
+    def __init__(self, cache: set | None, gate: Any = None) -> None:
+        self.optimizer = OptimizerTap(cache, gate)
+        self.graph = GraphTaps(cache)
+        self.pattern = StepPattern()
+        self._last: Counts | None = None  # at the end of the previous collected step
+        self._begun: Counts | None = None
+        self._scales = 0
+
+    @property
+    def installed(self) -> bool:
+        return self.optimizer.installed or self.graph.installed
+
+    @property
+    def begun(self) -> bool:
+        """``begin()`` was called for a step that has not ended."""
+        return self._begun is not None
+
+    def install(self) -> None:
+        if self.graph.installed:  # (PyNative-only until now) graphs must compile again
+            self.graph._recompile()
+        self.graph.install()
+        self.optimizer.install()
+
+    def uninstall(self) -> None:
+        # no graph compiles with the clip/loss-scale wrappers unless the optimizer tap
+        # made it compile (PyNative runs them where they are)
+        compiled = self.optimizer.installed
+        self.optimizer.uninstall()
+        self.graph.uninstall(recompile=compiled)
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Unwrapped for the block (a ``Model.train`` inside a watch: its callback's own
+        taps measure it), wrapped again after."""
+        graph, optimizer = self.graph.installed, self.optimizer.installed
+        self.uninstall()
+        try:
+            yield
+        finally:
+            if graph:
+                self.graph.install(recompile=optimizer)
+            if optimizer:
+                self.optimizer.install()
+
+    def set_collect(self, collect: bool) -> None:
+        self.optimizer.set_collect(collect)
+        self.graph.set_collect(collect)
+
+    def counts(self) -> Counts:
+        clips, checks, overflows = self.graph.counts()
+        return Counts(self.optimizer.read_count(), clips, checks, overflows)
+
+    def begin(self, steps_between: int = 0) -> None:
+        """Before a collected step; ``steps_between``: uncollected steps since the last
+        collected one (their counts tell how the loop clips and accumulates)."""
+        now = self.counts()
+        if self._last is not None and steps_between > 0:
+            gap = now - self._last
+            self.pattern.update(steps_between, gap.clips, gap.optimizer, gap.overflows)
+        self._begun = now
+
+    def end(self, python_optimizer_calls: int = 0) -> tuple[GradSeen, float | None]:
+        """After a collected step; ``python_optimizer_calls``: optimizer calls the watch
+        saw in Python this step (the tap does not count those)."""
+        now = self.counts()
+        step = now - (self._begun or now)
+        self._last, self._begun = now, None
+        calls = step.optimizer + python_optimizer_calls
+        self.pattern.update(1, step.clips, calls, step.overflows)
+        seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=self.pattern.accumulating)
+        lr = None
+        if seen.optimizer_ran:
+            _, seen.received, lr = self.optimizer.read()
+        if step.clips > 0:
+            seen.clip_input = self.graph.clip_norm()
+        if step.checks > 0:
+            seen.overflow = step.overflows > 0
+        scales = self.graph.scale_count()
+        if scales > self._scales:
+            self._scales = scales
+            seen.loss_scale = float(self.graph.scale.item())
+        return seen, lr

@@ -1,0 +1,160 @@
+"""MindCV 0.3.0's own trainer (``create_trainer``, from PyPI), unchanged, monitored with
+``mon.callback()`` under ``Model.train`` in GRAPH_MODE, against an unmonitored twin.
+
+MindCV builds either MindSpore's ``Model`` with ``FixedLossScaleManager(1024,
+drop_overflow_update=False)`` (a ``TrainOneStepCell`` with ``sens=1024`` and the
+optimizer made with ``loss_scale=1024``: the optimizer receives 1024x the gradient) or,
+for clipping, EMA or accumulation, its ``TrainStep`` (a ``TrainOneStepWithLossScaleCell``
+subclass that unscales, clips with ``ops.clip_by_global_norm`` and accumulates through
+its ``GradientAccumulation`` cell). The model is MindCV's ``mobilenet_v1_025`` from its
+own ``create_model``; the loss and optimizer from its ``create_loss``/``create_optimizer``.
+Before these changes the recorded grad_norm was the clip value at every step, or 1024x
+the real norm.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import mindspore.dataset as mds
+import numpy as np
+import pytest
+from mindcv.loss import create_loss
+from mindcv.models import create_model
+from mindcv.optim import create_optimizer
+from mindcv.utils import create_trainer
+
+from msmon_nb.events.runs import load_run
+from msmon_nb.monitor import Monitor
+from tests.trainers.reference import Reference, assert_same_weights
+
+BATCH, STEPS = 4, 6
+
+
+@pytest.fixture(autouse=True)
+def graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * STEPS, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, size=BATCH * STEPS).astype(np.int32)
+    return x, y
+
+
+def build(clip: float = 0.0, ema: bool = False, accumulate: int = 1):
+    """MindCV's factories, set up as its train.py sets them up: the optimizer carries the
+    loss scale only where MindSpore's plain ``Model`` is used."""
+    custom = clip > 0 or ema or accumulate > 1
+    ms.set_seed(0)
+    net = create_model("mobilenet_v1_025", num_classes=10)
+    loss = create_loss(name="CE")
+    opt = create_optimizer(
+        net.trainable_params(), opt="momentum", lr=0.05, loss_scale=1.0 if custom else 1024.0
+    )
+    model = create_trainer(
+        net, loss, opt, metrics=None, amp_level="O0", amp_cast_list=None,
+        loss_scale_type="fixed", loss_scale=1024.0, drop_overflow_update=False,
+        ema=ema, clip_grad=clip > 0, clip_value=clip or 15.0,
+        gradient_accumulation_steps=accumulate,
+    )  # fmt: skip
+    return net, loss, model
+
+
+def train(model, callbacks):
+    x, y = data()
+    dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
+    model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
+
+
+def twin(clip=0.0, ema=False, accumulate=1):
+    """The unmonitored reference run (gradients taken before each update) and its net.
+    Its extra forward passes move BatchNorm's running statistics, never the trainable
+    weights (a training-mode forward uses the batch's own statistics), so its trainable
+    weights are what the monitored run's must equal."""
+    x, y = data()
+    batches = [
+        (ms.Tensor(x[i : i + BATCH]), ms.Tensor(y[i : i + BATCH])) for i in range(0, len(y), BATCH)
+    ]
+    net, loss, model = build(clip, ema, accumulate)
+    ref = Reference(ms.nn.WithLossCell(net, loss), net.trainable_params(), batches)
+    train(model, [ref])
+    return ref, net
+
+
+def monitored(tmp_path, clip=0.0, ema=False, accumulate=1):
+    net, _, model = build(clip, ema, accumulate)
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
+        train(model, [mon.callback()])
+    return net, mon, load_run(mon.run_dir)
+
+
+@pytest.mark.parametrize(
+    ("clip", "ema"), [(0.0, False), (0.5, False), (0.5, True)], ids=["scaled", "clip", "clip+ema"]
+)
+def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, clip, ema):
+    ref, plain_net = twin(clip, ema)
+    net, mon, run = monitored(tmp_path, clip, ema)
+    steps = list(range(1, STEPS + 1))
+    grad_norm = run.scalars("train/grad_norm")
+    assert grad_norm.steps.tolist() == steps
+    np.testing.assert_allclose(grad_norm.values, ref.norms, rtol=1e-3)
+    np.testing.assert_allclose(run.scalars("train/loss").values, ref.losses, rtol=1e-5)
+    np.testing.assert_allclose(run.scalars("train/loss_scale").values, 1024.0)
+    np.testing.assert_allclose(run.scalars("train/learning_rate").values, 0.05, rtol=1e-6)
+    if clip:
+        assert min(ref.norms) > clip  # the clip acted at every step
+        np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, clip, rtol=1e-3)
+    else:
+        assert "train/grad_norm_clipped" not in run.tags
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+def test_accumulation_records_the_applied_gradient(tmp_path):
+    """``gradient_accumulation_steps=2``: MindCV adds grad/2 of each micro-batch and steps
+    the optimizer on every second ``Model.train`` step: grad_norm is the norm of that
+    mean, on the steps that apply it."""
+    ref, plain_net = twin(accumulate=2)
+    net, mon, run = monitored(tmp_path, accumulate=2)
+    grad_norm = run.scalars("train/grad_norm")
+    assert grad_norm.steps.tolist() == list(range(2, STEPS + 1, 2))
+    expected = [ref.accumulated_norm(s - 2, 2) for s in grad_norm.steps]
+    np.testing.assert_allclose(grad_norm.values, expected, rtol=1e-3)
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+def test_clipping_each_micro_batch_is_said_not_hidden(tmp_path):
+    """Accumulation with clipping: MindCV clips every micro-batch before adding it, so no
+    unclipped accumulated gradient exists. grad_norm stays empty (a warning says why);
+    each micro-batch's norm before clipping and the clipped sum are recorded."""
+    ref, plain_net = twin(clip=0.5, accumulate=2)
+    with pytest.warns(UserWarning, match="clips each micro-batch"):
+        net, mon, run = monitored(tmp_path, clip=0.5, accumulate=2)
+    assert "train/grad_norm" not in run.tags
+    assert not mon.alerts, [a.message for a in mon.alerts]  # metric_missing knows why
+    micro = run.scalars("train/micro_grad_norm")
+    assert micro.steps.tolist() == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(micro.values, ref.norms, rtol=1e-3)
+    clipped = run.scalars("train/grad_norm_clipped")
+    assert clipped.steps.tolist() == list(range(2, STEPS + 1, 2))
+    assert (clipped.values <= 0.5 * 1.001).all()
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path):
+    """``%%msmonitor`` on a ``Model.train`` cell: the watch adds the callback and steps
+    aside (its own clip and optimizer wrappers are lifted while ``Model.train`` runs), so
+    the compiled graph holds one set of wrappers."""
+    ref, ref_net = twin(clip=0.5)
+    net, _, model = build(clip=0.5)
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+        train(model, [])
+    run = load_run(mon.run_dir)
+    np.testing.assert_allclose(run.scalars("train/grad_norm").values, ref.norms, rtol=1e-3)
+    np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, 0.5, rtol=1e-3)
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), ref_net.trainable_params())

@@ -1,0 +1,154 @@
+"""MindYOLO 0.5.0's train step (``create_train_step_fn``, from PyPI), unchanged, under
+``mon.watch()``: a functional ``value_and_grad`` step that scales the loss with
+``mindspore.amp``'s ``StaticLossScaler``/``DynamicLossScaler`` (MindYOLO's
+``get_loss_scaler``), unscales, checks ``all_finite``, clips with
+``ops.clip_by_global_norm`` and calls the optimizer -- in PyNative and compiled with
+``ms_jit=True``, driven as MindYOLO's ``Trainer`` drives it (``scaler.adjust`` after each
+step). The network is built from MindYOLO's own layers (``ConvNormAct``, ``C2f``).
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn, ops
+from mindyolo.models.layers import C2f, ConvNormAct
+from mindyolo.utils.train_step_factory import (
+    create_train_step_fn,
+    get_gradreducer,
+    get_loss_scaler,
+)
+
+from msmon_nb.events.runs import load_run
+from msmon_nb.monitor import Monitor
+from tests.trainers.reference import assert_same_weights, float64_norm
+
+BATCH, STEPS = 4, 8
+
+
+def network(half: bool) -> nn.Cell:
+    net = nn.SequentialCell(
+        [
+            ConvNormAct(3, 8, 3, 2),
+            C2f(8, 8, 1),
+            ConvNormAct(8, 8, 3, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dense(8, 4),
+        ]
+    )
+    if half:  # the heads in float16, as mixed precision runs them (BN stays float32)
+        net[-1].to_float(ms.float16)
+    return net
+
+
+def make_loss(weight: float):
+    def loss_fn(pred, label, x):
+        """A detection loss's shape: (loss, loss items), float32."""
+        loss = ((ops.cast(pred, ms.float32) - label) ** 2).mean() * weight
+        return loss, ops.stack([loss])
+
+    return loss_fn
+
+
+def batches():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * STEPS, 3, 16, 16)).astype(np.float32)
+    y = rng.normal(size=(BATCH * STEPS, 4)).astype(np.float32)
+    return [
+        (ms.Tensor(x[i : i + BATCH]), ms.Tensor(y[i : i + BATCH])) for i in range(0, len(y), BATCH)
+    ]
+
+
+def build(jit: bool, clip: float, scaler: str, scale: float, half: bool = False):
+    """With ``half``, the loss weight makes the float16 head overflow at 2**16 about
+    every fourth step (a weight of 50 overflowed every step down to 2**11, 1 never)."""
+    loss_fn = make_loss(5.0 if half else 50.0)
+    ms.set_seed(0)
+    net = network(half)
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.02, momentum=0.9)
+    loss_scaler = get_loss_scaler(scaler, scale_value=scale, scale_factor=2, scale_window=3)
+    step = create_train_step_fn(
+        "detect", net, loss_fn, opt, 1.0, loss_scaler, get_gradreducer(False, opt.parameters),
+        ms_jit=jit, clip_grad=clip > 0, clip_grad_value=clip or 10.0,
+    )  # fmt: skip
+    return net, opt, step, loss_scaler
+
+
+def drive(step, scaler):
+    """MindYOLO's Trainer.train loop for one step (accumulate=1)."""
+    for x, y in batches():
+        out = step(x, y, True)
+        scaler.adjust(out[3])
+
+
+def twin(jit, clip, scaler, scale, half=False):
+    """Expected per step: (unscaled loss, unscaled pre-clip norm, scale, overflowed)."""
+    net, opt, step, loss_scaler = build(jit, clip, scaler, scale, half)
+    loss_fn = make_loss(5.0 if half else 50.0)
+
+    def forward(x, y):
+        return loss_fn(net(x), y, x)[0]
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    expected = []
+    for x, y in batches():
+        loss, grads = grad_fn(x, y)
+        used = float(loss_scaler.scale_value.asnumpy())
+        out = step(x, y, True)
+        loss_scaler.adjust(out[3])
+        expected.append((float(loss.asnumpy()), float64_norm(grads), used, not bool(out[3])))
+    return expected, net
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
+@pytest.mark.parametrize("clip", [0.0, 2.0], ids=["scaled", "clip"])
+def test_static_loss_scale_and_clipping(tmp_path, jit, clip):
+    expected, plain_net = twin(jit, clip, "static", 1024.0)
+    net, _, step, scaler = build(jit, clip, "static", 1024.0)
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+        drive(step, scaler)
+    run = load_run(mon.run_dir)
+    steps = list(range(STEPS))
+    loss = run.scalars("train/loss")
+    assert loss.steps.tolist() == steps  # one step per optimizer call, whatever runs around it
+    np.testing.assert_allclose(loss.values, [e[0] for e in expected], rtol=1e-4)
+    np.testing.assert_allclose(
+        run.scalars("train/grad_norm").values, [e[1] for e in expected], rtol=1e-3
+    )
+    np.testing.assert_allclose(run.scalars("train/loss_scale").values, 1024.0)
+    np.testing.assert_allclose(run.scalars("train/learning_rate").values, 0.02, rtol=1e-6)
+    if clip:
+        assert min(e[1] for e in expected) > clip
+        np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, clip, rtol=1e-3)
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
+def test_dynamic_loss_scale_overflow_is_marked_not_alerted(tmp_path, jit):
+    """A float16 head with the dynamic scaler at 2**16 overflows; the scaler halves the
+    scale, skips the update, and doubles it back after 3 good steps, overflowing again.
+    Those steps are ``train/overflow`` 1, have no grad_norm, and raise no alert."""
+    expected, plain_net = twin(jit, 0.0, "dynamic", 65536.0, half=True)
+    overflowed = [s for s, e in enumerate(expected) if e[3]]
+    assert len(overflowed) >= 2 and overflowed[0] == 0  # the injected overflows happen
+    scales = [e[2] for e in expected]
+    low = scales.index(min(scales))
+    assert min(scales) < 65536.0 and max(scales[low:]) > min(scales)  # halved, doubled back
+    net, _, step, scaler = build(jit, 0.0, "dynamic", 65536.0, half=True)
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+        drive(step, scaler)
+    run = load_run(mon.run_dir)
+    flags = run.scalars("train/overflow")
+    assert flags.steps.tolist() == list(range(STEPS))
+    assert [s for s, v in zip(flags.steps, flags.values, strict=True) if v == 1.0] == overflowed
+    np.testing.assert_allclose(run.scalars("train/loss_scale").values, scales)
+    grad_norm = run.scalars("train/grad_norm")
+    good = [s for s in range(STEPS) if s not in overflowed]
+    assert grad_norm.steps.tolist() == good
+    # float16 gradients: scaled then unscaled, or taken unscaled, round differently
+    np.testing.assert_allclose(grad_norm.values, [expected[s][1] for s in good], rtol=2e-2)
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
