@@ -59,7 +59,7 @@ def write_big_run(run_dir: Path, steps: int, seed: int = 0) -> tuple[Path, int]:
 
     from msmon_nb.events import wire
     from msmon_nb.events.framing import frame
-    from tests.viewer.synth import _records
+    from tests.support.synth import records
 
     run_dir.mkdir(parents=True)
     wall0 = 1.7e9
@@ -76,7 +76,7 @@ def write_big_run(run_dir: Path, steps: int, seed: int = 0) -> tuple[Path, int]:
             cuts = (np.flatnonzero(np.diff(nbytes)) + 1).tolist()
             for a, b in zip([0, *cuts], [*cuts, len(block)], strict=True):
                 part = {t: v[a:b] for t, v in columns.items()}
-                file.write(_records(block[a:b], walls[a:b], part))
+                file.write(records(block[a:b], walls[a:b], part))
     return path, steps * len(TAGS)
 
 

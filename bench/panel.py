@@ -163,7 +163,7 @@ SAMPLE = """() => {
 
 def browser_side(points: int) -> None:
     from msmon_nb.events.runs import load_run
-    from tests.notebook.jupyter_app import cell_done_js, jupyter_page, run_all, write_notebook
+    from tests.support.jupyter_app import cell_done_js, jupyter_page, run_all, write_notebook
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

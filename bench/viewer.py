@@ -41,7 +41,7 @@ os.environ.setdefault("GLOG_v", "3")
 
 import numpy as np  # noqa: E402
 
-from tests.viewer.synth import write_run  # noqa: E402
+from tests.support.synth import write_run  # noqa: E402
 
 READY = re.compile(r"^msmon view: serving .* at (http://\S+)$")
 SPIKE_STEP = 31_337
@@ -137,7 +137,7 @@ def bench_listing(data: Path, runs: int, steps: int, repeat: int) -> None:
     from msmon_nb.events.runs import load_runs
 
     scan_only, _ = timed(lambda: RunIndex(base).scan())
-    from tests.viewer.mindinsight import free_port
+    from tests.support.mindinsight import free_port
 
     port = free_port()
     started = time.perf_counter()
@@ -219,7 +219,7 @@ def bench_first_chart(data: Path, with_mindinsight: bool) -> None:
     if not with_mindinsight:
         print("   MindInsight:     skipped (--no-mindinsight)")
         return
-    from tests.viewer.mindinsight import MindInsight, ensure_venv
+    from tests.support.mindinsight import MindInsight, ensure_venv
 
     ensure_venv()
     with tempfile.TemporaryDirectory() as ws:
@@ -248,7 +248,7 @@ def bench_first_chart(data: Path, with_mindinsight: bool) -> None:
 
 
 def mi_version() -> str:
-    from tests.viewer.mindinsight import VERSION
+    from tests.support.mindinsight import VERSION
 
     return VERSION
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.notebook.jupyter_app import jupyter_page, run_all, write_notebook
+from tests.support.jupyter_app import jupyter_page, run_all, write_notebook
 
 CELLS = [
     "%load_ext msmon_nb",

@@ -31,8 +31,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from msmon_nb.events.index import marker_alive, read_marker
-from msmon_nb.events.runs import ALERTS, MARKER, RECENT_SECS, SNAPSHOTS, find_run_dirs
+from msmon_nb.rundir import (
+    ALERTS,
+    MARKER,
+    RECENT_SECS,
+    SNAPSHOTS,
+    find_run_dirs,
+    marker_alive,
+    read_marker,
+)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

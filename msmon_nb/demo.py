@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from msmon_nb.monitor import Monitor
+
 
 @dataclass
 class DemoData:
@@ -78,8 +80,6 @@ def train(
     The loop below is an ordinary MindSpore loop: the monitor observes it unchanged.
     """
     import mindspore as ms
-
-    from msmon_nb.monitor import Monitor
 
     data = make_data()
     net, loss_fn, opt = build(steps=steps)

@@ -12,10 +12,9 @@ Tensor -> numpy conversion prints NumPy's "compiled using NumPy 1.x" error or Mi
 "Numpy init failed" (MindSpore 2.10 is built against NumPy 1.x; under NumPy 2 the
 conversion still returns, so only that output tells).
 
-``quick_facts()`` is the cheap subset recorded in every ``msmon_run.json``: no
-subprocess, no kernel scan, nothing imported that the training process has not loaded.
-This module imports only the standard library at the top, so ``msmon_nb.rundir`` and
-``msmon_nb.monitor`` may use it.
+``rundir.facts.quick_facts()`` is the cheap subset recorded in every ``msmon_run.json``
+(no subprocess, no kernel scan): the version helpers live there, and this module builds
+on them.
 """
 
 from __future__ import annotations
@@ -32,18 +31,29 @@ import tempfile
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.rundir.facts import (
+    NUMPY_FIX,
+    dist_version,
+    mindspore_brief,
+    msmon_version,
+    numpy_problem,
+    quick_facts,
+    version_tuple,
+)
+from msmon_nb.vscode_init import parse_jsonc
+
 log = logging.getLogger(__name__)
+
+__all__ = ["mindspore_brief", "numpy_problem", "quick_facts", "run_doctor"]
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 _MARKS = {OK: "ok", INFO: "info", WARN: "warn", FAIL: "FAIL"}
 MIN_FREE_BYTES = 1 << 30
 PROBE_TIMEOUT = 120.0
-# The last MindSpore release known to be built against NumPy 1.x; later ones are judged
-# by what the probe sees.
-_NUMPY1_MINDSPORE = (2, 10)
 # what MindSpore built for NumPy 1.x prints under NumPy 2 -> how the report quotes it
 _NUMPY2_SIGNS = {
     "compiled using NumPy 1.x": "'A module that was compiled using NumPy 1.x cannot be run in "
@@ -151,87 +161,6 @@ class Report:
         return "\n".join(lines)
 
 
-# --- versions ---------------------------------------------------------------------------
-
-
-def version_tuple(text: str | None) -> tuple[int, ...]:
-    """``"2.10.0rc1"`` -> ``(2, 10, 0)``; the leading dotted integers only."""
-    match = re.match(r"\s*(\d+(?:\.\d+)*)", text or "")
-    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
-
-
-def dist_version(name: str) -> str | None:
-    """The installed version of distribution ``name`` (no import), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _loaded_version(module: str, dist: str) -> str | None:
-    """The version of ``module`` if this process has imported it, else the installed one."""
-    mod = sys.modules.get(module)
-    version = getattr(mod, "__version__", None) if mod is not None else None
-    return str(version) if version else dist_version(dist)
-
-
-def numpy_problem(numpy_version: str | None, mindspore_version: str | None) -> str | None:
-    """Why this numpy cannot serve this MindSpore, or None (static rule, no import)."""
-    np_v, ms_v = version_tuple(numpy_version), version_tuple(mindspore_version)
-    if not np_v or not ms_v or np_v[0] < 2 or ms_v[:2] > _NUMPY1_MINDSPORE:
-        return None
-    return (
-        f"MindSpore {mindspore_version} is built against NumPy 1.x; with numpy "
-        f"{numpy_version} its first Tensor->numpy conversion prints 'A module that was "
-        "compiled using NumPy 1.x cannot be run in NumPy 2...' and logs 'Numpy init failed'"
-    )
-
-
-NUMPY_FIX = "pip install 'numpy<2'"
-
-
-def mindspore_brief() -> str:
-    """``"MindSpore 2.10.0 on CPU"`` for the process's loaded MindSpore (never imports it)."""
-    ms = sys.modules.get("mindspore")
-    if ms is None:
-        return "MindSpore not imported"
-    try:
-        device = ms.get_context("device_target")
-    except (RuntimeError, ValueError, AttributeError):
-        device = "unknown device"
-    return f"MindSpore {getattr(ms, '__version__', '?')} on {device}"
-
-
-def quick_facts() -> dict[str, Any]:
-    """Versions worth keeping with a run, read in a few ms inside a training process.
-
-    Modules already imported are asked directly; the rest by installed metadata. Nothing
-    heavy is imported, no subprocess is started and no kernel is scanned.
-    """
-    facts: dict[str, Any] = {
-        "numpy": _loaded_version("numpy", "numpy"),
-        "protobuf": _loaded_version("google.protobuf", "protobuf"),
-        "protobuf_implementation": None,
-        "ipykernel": _loaded_version("ipykernel", "ipykernel"),
-        "ipywidgets": _loaded_version("ipywidgets", "ipywidgets"),
-    }
-    if "google.protobuf" in sys.modules:
-        # the implementation is fixed when protobuf is first imported, so asking costs
-        # nothing here and cannot change what the process already runs
-        from google.protobuf.internal import api_implementation
-
-        facts["protobuf_implementation"] = api_implementation.Type()
-    problems: list[dict[str, str]] = []
-    ms = sys.modules.get("mindspore")
-    reason = numpy_problem(facts["numpy"], getattr(ms, "__version__", None))
-    if reason:
-        problems.append({"name": "numpy", "detail": reason, "fix": NUMPY_FIX})
-    facts["env_problems"] = problems
-    return facts
-
-
 # --- the MindSpore probe (subprocess) -------------------------------------------------
 
 
@@ -244,8 +173,6 @@ class Probe:
     installed: bool = False
 
     def start(self) -> Probe:
-        from importlib.util import find_spec
-
         self.installed = find_spec("mindspore") is not None
         if self.installed:
             # GLOG_v=2 keeps "Numpy init failed" (a WARNING) visible even when the
@@ -313,10 +240,9 @@ def check_python() -> Check:
 
 
 def check_msmon() -> Check:
-    from msmon_nb import __version__
-
+    version = msmon_version()
     where = Path(__file__).resolve().parent
-    return Check("msmon_nb", OK, f"{__version__} ({where})", facts={"msmon_nb": __version__})
+    return Check("msmon_nb", OK, f"{version} ({where})", facts={"msmon_nb": version})
 
 
 def check_mindspore(probe: dict[str, Any]) -> Check:
@@ -581,8 +507,6 @@ def _expand_vscode(value: str, project: Path) -> Path:
 
 
 def check_vscode(project: str | os.PathLike[str] | None = None) -> Check:
-    from msmon_nb.vscode_init import parse_jsonc
-
     root = Path(project or Path.cwd()).absolute()
     settings = root / ".vscode" / "settings.json"
     venv_here = same_interpreter(root / ".venv" / "bin" / "python")

@@ -15,14 +15,20 @@ import csv
 import json
 import math
 import os
+import platform
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.events import wire
 from msmon_nb.events.bulk import BulkScalarDecoder
+from msmon_nb.events.framing import frame
 from msmon_nb.events.reader import EventDecoder, RecordReader
 from msmon_nb.events.runs import Run, load_run
+from msmon_nb.events.writer import event_file_name
+from msmon_nb.rundir import is_run_dir
 
 FORMATS = ("csv", "jsonl", "tensorboard")
 _CHUNK = 2**20  # 1 MB batches: a batch's rows, as Python objects, stay around 50 MB
@@ -123,13 +129,6 @@ def _export_tensorboard(
     Consecutive rows of one step become one Event (as the original records were), so a
     10 M-point export stays a few tens of MB however fast the reading goes.
     """
-    import platform
-    import time
-
-    from msmon_nb.events import wire
-    from msmon_nb.events.framing import frame
-    from msmon_nb.events.writer import event_file_name
-
     files: dict[int, Any] = {}
     count = 0
 
@@ -166,8 +165,6 @@ def _export_tensorboard(
 
 def load_run_lazily(run_dir: str | os.PathLike[str]) -> Run:
     """The run at ``run_dir`` without reading its data (export streams it instead)."""
-    from msmon_nb.events.runs import is_run_dir
-
     path = Path(run_dir)
     if not path.is_dir() or not is_run_dir(path):
         load_run(path)  # raises the clear "no run at ..." error

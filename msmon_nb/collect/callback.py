@@ -15,7 +15,7 @@ restored at ``on_train_end``) and the train cell's compiled graph is dropped onc
 it compiles with them. The wrappers store, on collected steps only, the norm of what
 the optimizer received (its own ``loss_scale`` undone), of what a clip call received,
 the loss scale in force and whether it overflowed; ``collect.gradsource`` turns that
-into ``train/grad_norm`` as DESIGN.md defines it (unscaled, before clipping) and the
+into ``train/grad_norm`` as docs/ARCHITECTURE.md defines it (unscaled, before clipping) and the
 ``grad_norm_clipped``/``loss_scale``/``overflow``/``micro_grad_norm`` tags. The loss
 scale of a cell whose graph never reports it (a fixed ``scale_sense`` or ``sens``) is
 read from the cell. A graph compiled while wrapped keeps the (dormant) wrappers after
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from msmon_nb.collect.gradsource import PER_MICRO_CLIP, resolve, scaling_artifact
+from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, read_lr
 from msmon_nb.config import suggest_tag
@@ -111,19 +112,18 @@ class MonitorCallback(Callback):
         loss = cb.net_outputs if collect else None
         if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
             loss = None
-        mon.record_step(
+        wants_params = collect and self.optimizer is not None and mon.config.tracks("param_stats")
+        inputs = StepInputs(
             loss=loss,
             grad_norm=grad_norm,
             lr=self._lr,
             batch_size=self.batch_size,
-            params=list(self.optimizer.parameters)
-            if collect and self.optimizer is not None and mon.config.tracks("param_stats")
-            else None,
+            params=list(self.optimizer.parameters) if wants_params else None,
             global_step=self._offset + int(cb.cur_step_num),
             optimizer=self.optimizer if collect else None,
             extra=extra,
-            collect=collect,
         )
+        mon.record_step(inputs, collect=collect)
         if mon.boundary(raise_stop=False):
             run_context.request_stop()
         self._t_end = time.perf_counter()

@@ -21,7 +21,7 @@ and gets their mean back. Two things are visible there and nowhere else:
   so the rank whose batch produced a spike can only be found before it. Recorded on
   collected steps as ``train/local_grad_norm``; ``train/local_loss`` is the loss this
   rank itself recorded (as the forward pass returned it, before any all-reduce the user
-  may apply to it), so the cross-rank rules (``diagnose.ranks``) can name the rank.
+  may apply to it), so the cross-rank rules (``diagnose.rankrules``) can name the rank.
 
 While a distributed ``Monitor`` is open, ``CommTap`` replaces
 ``nn.DistributedGradReducer.__call__`` class-level, so reducers created before see it and
@@ -50,7 +50,9 @@ import time
 from typing import Any
 
 from msmon_nb.collect.recorder import Recorder
-from msmon_nb.collect.tensors import flatten_tensors
+from msmon_nb.collect.tensors import flatten_tensors, to_numpy
+from msmon_nb.collect.values import device_global_norm, norm_on_device
+from msmon_nb.metrics.norms import global_norm
 
 WAIT_TAG = "train/comm_wait"
 BUSY_TAG = "train/comm_busy"
@@ -194,10 +196,6 @@ class CommTap:
         computed (``values.norm_on_device``): a host BLAS dot per gradient on the CPU (no
         copy), one fused reduction on a device with one scalar to the host (read now: the
         inputs were just synchronised, so it does not stall the step further)."""
-        from msmon_nb.collect.tensors import to_numpy
-        from msmon_nb.collect.values import device_global_norm, norm_on_device
-        from msmon_nb.metrics.norms import global_norm
-
         if norm_on_device(leaves):
             return device_global_norm(leaves)
         return global_norm(to_numpy(g) for g in leaves)

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from msmon_nb.collect.tensors import to_float
+
 _compiled: Any = None  # the jit function, built at first use (MindSpore imported lazily)
 
 
@@ -73,8 +75,6 @@ class DeferredNorm:
         pending, self.pending = self.pending, None
         if pending is None:
             return None
-        from msmon_nb.collect.tensors import to_float
-
         step, value = pending
         number = to_float(value)
         return None if number is None else (step, number)

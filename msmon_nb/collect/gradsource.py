@@ -5,7 +5,7 @@ A train step can show its gradients in up to three places: where they are produc
 receives them (before clipping), and where the optimizer receives them (after clipping,
 or accumulated, and scaled by the optimizer's own ``loss_scale`` if it has one). The
 ways in (``collect.watch``, ``collect.callback``) report what they saw as a
-``GradSeen``; ``resolve`` applies DESIGN.md's contract:
+``GradSeen``; ``resolve`` applies the contract of docs/ARCHITECTURE.md (Tags):
 
 * ``train/grad_norm``: the gradient as the model produced it, every loss scale undone,
   before clipping; with gradient accumulation, the accumulated gradient on the step the
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from msmon_nb.collect.tensors import to_float
 
 GRAD_NORM = "train/grad_norm"
 CLIPPED = "train/grad_norm_clipped"
@@ -105,8 +107,6 @@ def scaling_artifact(values: dict[str, float], loss: Any) -> bool:
     model's own and is recorded. (The loss is read only on such steps.)"""
     if values.get(OVERFLOW) != 1.0 or values.get(LOSS_SCALE, 1.0) <= 1.0 or loss is None:
         return False
-    from msmon_nb.collect.tensors import to_float
-
     return to_float(loss) == float("inf")
 
 

@@ -1,7 +1,7 @@
 """Where real train steps clip gradients and undo loss scales, seen from inside graphs.
 
 ``train/grad_norm`` is the norm of the gradient *as the model produced it*: loss scale
-undone, before clipping (DESIGN.md, Tags). The optimizer tap (``collect.graph``) sees
+undone, before clipping (docs/ARCHITECTURE.md, Tags). The optimizer tap (``collect.graph``) sees
 what the optimizer receives, which is neither when a train step clips (MindCV's
 ``TrainStep``, MindYOLO, MindOCR, MindFormers all can) or hands the optimizer a scaled
 gradient (``FixedLossScaleManager(drop_overflow_update=False)`` with ``loss_scale=`` on
@@ -35,6 +35,7 @@ and callers drop a train cell's own cache, as for the optimizer tap.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ from mindspore import Tensor, ops
 
 from msmon_nb.collect.gradsource import GradSeen, StepPattern
 from msmon_nb.collect.graph import OptimizerTap, square_sum, tap_scalar
+from msmon_nb.collect.patches import Patches
 
 _ONE = Tensor(1, ms.int32)
 _ZERO = Tensor(0, ms.int32)
@@ -81,17 +83,17 @@ class GraphTaps:
         self.scale = tap_scalar("msmon_loss_scale", 0.0, ms.float32)
         self.scales = tap_scalar("msmon_loss_scale_reads", 0, ms.int32)
         self._on = [False]  # what ``on`` holds (see OptimizerTap.set_collect)
-        self._saved: list[tuple[Any, str, Any, bool]] = []
+        self._patches = Patches()
 
     @property
     def installed(self) -> bool:
-        return bool(self._saved)
+        return bool(self._patches)
 
     def install(self, recompile: bool = True) -> None:
         """Wrap what exists in this MindSpore (each piece is looked up, not assumed).
         ``recompile``: drop compiled jit graphs, so their next call compiles with the
         wrappers (PyNative calls see them at once)."""
-        if self._saved:
+        if self._patches:
             return
         clip = _module("mindspore.ops.function.clip_func")
         amp = _module("mindspore.amp")
@@ -107,18 +109,13 @@ class GraphTaps:
             original = _own(owner, name)
             if original is None:
                 continue
-            self._put(owner, name, make(original))
+            self._patches.put(owner, name, make(original))
             if isinstance(owner, type):
                 # a method's original is called bound (``getattr(self, ...)``), as the
                 # optimizer tap does: MindSpore's parser treats ``self`` specially
-                self._put(owner, self._attr(name), original)
+                self._patches.put(owner, self._attr(name), original)
         if recompile:
             self._recompile()
-
-    def _put(self, owner: Any, name: str, value: Any) -> None:
-        had = name in vars(owner)
-        self._saved.append((owner, name, vars(owner).get(name), had))
-        setattr(owner, name, value)
 
     def _attr(self, name: str) -> str:
         return f"_msmon_original_{name}_{id(self):x}"
@@ -126,14 +123,9 @@ class GraphTaps:
     def uninstall(self, recompile: bool = True) -> None:
         """Restore what ``install`` wrapped; ``recompile``: drop compiled jit graphs
         (those compiled while wrapped hold the wrappers)."""
-        if not self._saved:
+        if not self._patches:
             return
-        for owner, name, old, had in reversed(self._saved):
-            if had:
-                setattr(owner, name, old)
-            else:
-                delattr(owner, name)
-        self._saved.clear()
+        self._patches.restore()
         if recompile:
             self._recompile()
 
@@ -264,8 +256,6 @@ def clip_cells() -> list[type]:
 
 
 def _positional(function: Any) -> int:
-    import inspect
-
     try:
         params = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):

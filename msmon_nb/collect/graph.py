@@ -10,6 +10,7 @@ loss-scaled before it reaches the optimizer, ``collect.gradtaps`` sees it there.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Any
 
@@ -169,8 +170,6 @@ def tap_scalar(name: str, value: Any, dtype: Any) -> Parameter:
 
 
 def _takes_gradients_only(construct: Any) -> bool:
-    import inspect
-
     try:
         params = list(inspect.signature(construct).parameters.values())
     except (TypeError, ValueError):

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from msmon_nb.collect.active import quiet
 from msmon_nb.collect.tensors import to_float, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.norms import norms
@@ -188,8 +189,6 @@ class OptimizerState:
             return {}
         self.reads += 1
         if on_device():
-            from msmon_nb.collect.watch import quiet
-
             if plan.cell is None:
                 plan.cell = _norm_cell(plan.tensors)
             with quiet():

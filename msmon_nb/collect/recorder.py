@@ -9,9 +9,33 @@ end) can drive them with any object that has these members.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from msmon_nb.config import MonitorConfig
+
+
+@dataclass
+class StepInputs:
+    """What one finished step produced, as a way in hands it to the recorder: MindSpore
+    tensors, numpy arrays or numbers, read only on collected steps.
+
+    ``grads``: any nesting of gradient tensors (their global norm is recorded unless
+    ``grad_norm`` is given), still carrying the loss scale ``grad_scale`` (their norms are
+    divided by it). ``params``: the parameters ``param_stats`` reads; ``optimizer``: where
+    ``optimizer_state`` reads moments; ``extra``: more scalars of the step by tag.
+    """
+
+    loss: Any = None
+    grads: Any = None
+    grad_norm: Any = None
+    grad_scale: float = 1.0
+    lr: Any = None
+    batch_size: int | None = None
+    global_step: int | None = None
+    params: list | None = None
+    optimizer: Any = None
+    extra: Mapping[str, float] | None = None
 
 
 class StopTraining(BaseException):
@@ -36,27 +60,9 @@ class Recorder(Protocol):
         """True when ``step`` is collected (its scalars computed and emitted)."""
         ...
 
-    def record_step(
-        self,
-        *,
-        loss: Any = None,
-        grads: Any = None,
-        grad_norm: Any = None,
-        lr: Any = None,
-        batch_size: int | None = None,
-        global_step: int | None = None,
-        params: list | None = None,
-        optimizer: Any = None,
-        extra: Mapping[str, float] | None = None,
-        grad_scale: float = 1.0,
-        collect: bool,
-    ) -> None:
-        """Count a finished step (index ``step_count``); on collected steps, emit it.
-
-        ``optimizer`` (collected steps only) is where ``optimizer_state`` reads moments;
-        ``extra`` holds more scalars of the step by tag (``collect.gradsource``'s);
-        ``grad_scale`` is the loss scale still in ``grads`` (their norms are divided by it).
-        """
+    def record_step(self, inputs: StepInputs, *, collect: bool) -> None:
+        """Count a finished step (index ``step_count``); on collected steps, emit what
+        ``inputs`` holds (on the others only its ``batch_size`` counts)."""
         ...
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:

@@ -1,7 +1,7 @@
 """``action: skip``: hold back the parameter update of a bad step, inside the graph.
 
 A ``SkipGate`` is the device half of the skip action (the host half is in
-``msmon_nb.actions``). It is a handful of non-trainable Parameters:
+``msmon_nb.monitor.actions``). It is a handful of non-trainable Parameters:
 
 * ``limit`` and ``loss_limit``: the grad_norm and loss at or above which a step's update
   is skipped. The host computes them from the rules' running statistics (grad_explosion:

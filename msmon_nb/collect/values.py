@@ -12,12 +12,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from msmon_nb.collect.devnorm import launch_global_norm
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
 from msmon_nb.config import MonitorConfig, suggest_tag
 from msmon_nb.metrics.norms import global_norm, sum_of_squares
 
 if TYPE_CHECKING:
     from msmon_nb.collect.devnorm import DeferredNorm
+    from msmon_nb.collect.recorder import StepInputs
 
 
 def read_lr(optimizer: Any) -> float | None:
@@ -158,8 +160,6 @@ def device_global_norm(leaves: Sequence[Any]) -> float:
     The Monitor does not call this: it launches with ``collect.devnorm`` and reads one
     step late (see there). This is for callers that need the value now.
     """
-    from msmon_nb.collect.devnorm import launch_global_norm
-
     return float(to_float(launch_global_norm(leaves)))
 
 
@@ -176,27 +176,24 @@ TAGS = {
 
 def step_values(
     config: MonitorConfig,
-    *,
-    loss: Any = None,
-    grads: Any = None,
-    grad_norm: Any = None,
-    lr: Any = None,
-    global_step: int | None = None,
+    inputs: StepInputs,
+    step: int,
     step_time: float | None = None,
     samples: int = 0,
-    params: Sequence[Any] | None = None,
     deferred: DeferredNorm | None = None,
-    step: int | None = None,
-    grad_scale: float = 1.0,
 ) -> dict[str, float]:
-    """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of one step.
+    """The ``train/...`` (and opt-in ``param/...``, ``sys/...``) scalars of step ``step``.
 
     On the device path with ``deferred`` given, grad_norm is launched but not read: it
     is left in ``deferred`` for ``step`` and recorded there one step later (the read
-    then does not stall the step; see ``collect.devnorm``). ``grad_scale``: the loss
-    scale still in ``grads`` (their norms are divided by it; ``grad_norm`` is taken as
-    given).
+    then does not stall the step; see ``collect.devnorm``). The gradients' norms are
+    divided by ``inputs.grad_scale`` (the loss scale still in them); a ``grad_norm``
+    given is taken as it is. ``train/global_step`` is ``inputs.global_step``, else
+    ``step``.
     """
+    loss, grads, grad_norm, lr = inputs.loss, inputs.grads, inputs.grad_norm, inputs.lr
+    grad_scale, params = inputs.grad_scale, inputs.params
+    global_step = step if inputs.global_step is None else inputs.global_step
     tracks = config.tracks
     values: dict[str, float] = {}
     if tracks("loss") and loss is not None:
@@ -210,9 +207,7 @@ def step_values(
         elif leaves:
             if not norm_on_device(leaves):
                 values[TAGS["grad_norm"]] = global_norm(to_numpy(g) for g in leaves) / grad_scale
-            elif deferred is not None and step is not None:
-                from msmon_nb.collect.devnorm import launch_global_norm
-
+            elif deferred is not None:
                 norm = launch_global_norm(leaves)
                 deferred.put(step, norm / grad_scale if grad_scale != 1.0 else norm)
             else:

@@ -40,8 +40,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, resolve, scaling_artifact
-from msmon_nb.collect.recorder import Recorder, StopTraining
+from msmon_nb.collect.hooks import compile_cache, find_ways_in, original
+from msmon_nb.collect.optstate import find_optimizer
+from msmon_nb.collect.patches import Patches
+from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.values import (
     cell_loss_scale,
@@ -53,7 +57,6 @@ from msmon_nb.collect.values import (
 
 log = logging.getLogger(__name__)
 
-_ACTIVE: list[Watch] = []
 
 FIX = (
     "one-line fix: return it from your step, e.g. `return loss, mm.global_norm(grads)`, "
@@ -89,7 +92,7 @@ class Watch:
 
     def __init__(self, recorder: Recorder) -> None:
         self.monitor = recorder
-        self._saved: list[tuple[Any, str, Any, bool]] = []
+        self._patches = Patches()
         self.tap: Any = None  # collect.gradtaps.StepTaps
         self._tap_why: str | None = None
         self._train_cells: dict[int, bool] = {}
@@ -133,14 +136,14 @@ class Watch:
     # --- patching -----------------------------------------------------------------------
 
     def __enter__(self) -> Watch:
-        if _ACTIVE:
+        if ACTIVE:
             raise WatchError(
                 "another monitor is already watching this process; end it first "
                 "(one watch() at a time, e.g. one %%msmonitor cell)"
             )
         rec = self.monitor
         self.collect = rec.will_collect(rec.step_count)
-        _ACTIVE.append(self)
+        ACTIVE.append(self)
         try:
             self._attach()
         except Exception as exc:  # the user's cell must run even so
@@ -155,8 +158,6 @@ class Watch:
 
     def _attach(self) -> None:
         import mindspore
-
-        from msmon_nb.collect.hooks import compile_cache, find_ways_in, original
 
         ways = find_ways_in()
         makers = {
@@ -177,7 +178,7 @@ class Watch:
         plan = [(name, t, original(t)) for name in makers for t in ways[name].targets]
         for name, target, function in plan:
             try:
-                self._patch(target.owner, target.name, makers[name](function, target))
+                self._patches.put(target.owner, target.name, makers[name](function, target))
             except (TypeError, AttributeError) as exc:
                 missing.append(f"not observed: {ways[name].observes} ({target.path}: {exc})")
         gate = self.monitor.skip_gate()
@@ -206,12 +207,6 @@ class Watch:
                 "mon.step(...) records what is missing",
             )
 
-    def _patch(self, owner: Any, name: str, value: Any) -> None:
-        had = name in vars(owner)
-        old = vars(owner).get(name)
-        setattr(owner, name, value)
-        self._saved.append((owner, name, old, had))
-
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             last = self.pending and self.kind != "cell"
@@ -221,12 +216,7 @@ class Watch:
         except StopTraining:
             pass
         try:
-            for owner, name, old, had in reversed(self._saved):
-                if had:
-                    setattr(owner, name, old)
-                else:
-                    delattr(owner, name)
-            self._saved.clear()
+            self._patches.restore()
             if self.tap is not None:
                 self.tap.uninstall()
             if self._loss_tapped:
@@ -237,8 +227,8 @@ class Watch:
             for cell in self._recompiled_cells:
                 cell.compile_cache.clear()
         finally:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+            if self in ACTIVE:
+                ACTIVE.remove(self)
         return exc_type is not None and issubclass(exc_type, StopTraining)
 
     # --- the hooks ------------------------------------------------------------------------
@@ -660,7 +650,7 @@ class Watch:
             if self._guard(scaling_artifact, extra, loss):
                 loss = None
             with self.ours():  # the monitor's own device work (devnorm's jit) is no step
-                rec.record_step(
+                inputs = StepInputs(
                     loss=loss,
                     grads=grads,
                     grad_norm=grad_norm,
@@ -671,10 +661,10 @@ class Watch:
                     params=params,
                     optimizer=self._optimizer(),
                     extra=extra or None,
-                    collect=True,
                 )
+                rec.record_step(inputs, collect=True)
         else:
-            rec.record_step(batch_size=self.batch_size, collect=False)
+            rec.record_step(StepInputs(batch_size=self.batch_size), collect=False)
         self._reset()
         self.collect = rec.will_collect(rec.step_count)
         try:
@@ -701,8 +691,6 @@ class Watch:
             return self.opt
         known = self._owners.get(id(self.owner))
         if known is None or known[0] is not self.owner:
-            from msmon_nb.collect.optstate import find_optimizer
-
             known = (self.owner, self._guard(find_optimizer, self.owner))
             self._owners[id(self.owner)] = known
         return known[1]
@@ -718,24 +706,6 @@ class Watch:
                 "the compiled step called no mindspore.nn optimizer taking (gradients) "
                 "(a hand-written update, or an optimizer with another signature)"
             )
-        if not any(s[1] in ("_pynative_func_grad_backward", "grad") for s in self._saved):
+        if not {"_pynative_func_grad_backward", "grad"} & set(self._patches.names()):
             return "this MindSpore's PyNative gradients could not be hooked (see the warning)"
         return "no gradients passed through a grad function or an optimizer this step"
-
-
-def active_watch() -> Watch | None:
-    """The watch currently active in this process, if any."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Framework calls the monitor itself makes (a reduction compiled for the optimizer
-    state) are not the user's steps: inside this block the active watch's hooks pass
-    every call through, as they do inside an optimizer call."""
-    watch = active_watch()
-    if watch is None:
-        yield
-        return
-    with watch.ours():
-        yield

@@ -1,13 +1,13 @@
 """Diagnosis: alert rules over a run's scalar series, with the step each anomaly began.
 
 Rules are small objects over one numeric series each (``grad.py``, ``loss.py``,
-``lr.py``, ``stream.py``), configured by ``monitor_config.alerts`` (``settings.py``),
+``lr.py``, ``steps.py``), configured by ``monitor_config.alerts`` (``config/alerts.py``),
 run incrementally by ``Diagnoser`` (``engine.py``) or over whole series by ``detect``
 (one rule) and ``diagnose`` (all of them). Nothing here imports MindSpore or numpy:
 the hot path is plain Python, O(1) per step, about 9-15 us a step for the default
 rules on six scalars (``bench/diagnose.py``; a reference MLP step is ~25 ms).
 
-Kinds, default thresholds (``settings.SCHEMA`` has all of them) and onset
+Kinds, default thresholds (``config.alerts.SCHEMA`` has all of them) and onset
 (``since_step``; "exact" = the first step of the scripted anomaly in the tests):
 
 =================  ========  ==========================================  ===================
@@ -53,7 +53,7 @@ hysteresis (for most rules 10 normal steps in a row) and is reported again if it
 recurs. Each rule's docstring states exactly when it fires and how its onset is
 defined, including the approximate cases.
 
-How a ``Monitor`` uses it (``msmon_nb/actions.py`` does this)::
+How a ``Monitor`` uses it (``msmon_nb/monitor/actions.py`` does this)::
 
     diag = Diagnoser(cfg.alerts, tracked=cfg.track_metrics, rank=rank)   # at open
     for alert in diag.update(step, values):    # each collected step; only NEW alerts
@@ -86,10 +86,10 @@ Contract for callers:
   MindSpore-written ones included (remap tags with each rule's ``tag``/``tags``).
 """
 
+from msmon_nb.config.alerts import ACTIONS, KINDS, SCHEMA, defaults, resolve_settings
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.engine import Diagnoser, diagnose
 from msmon_nb.diagnose.rules import SEVERITY, detect
-from msmon_nb.diagnose.settings import ACTIONS, KINDS, SCHEMA, defaults, resolve_settings
 
 __all__ = [
     "ACTIONS",

@@ -12,11 +12,11 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
-from msmon_nb.diagnose.settings import resolve_settings
-from msmon_nb.diagnose.stream import MetricMissing, NonFinite, StepOrder
+from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 
 
 class Diagnoser:
@@ -82,6 +82,15 @@ class Diagnoser:
     def action(self, kind: str) -> str:
         """What the monitor should do for an alert of ``kind``: warn|snapshot|stop|debug."""
         return self.settings[kind]["action"]
+
+    def rule(self, kind: str) -> Any:
+        """The running rule object of ``kind`` (its ``limit()`` and state), or None when
+        it is disabled."""
+        tag = self.settings[kind].get("tag")
+        for name, rule in self._routes.get(tag, ([], None))[0]:
+            if name == kind:
+                return rule
+        return None
 
     def update(self, step: int, values: Mapping[str, float]) -> list[Alert]:
         """Evaluate the rules on one collected step's scalars; only NEW alerts come back.

@@ -76,6 +76,14 @@ class GradExplosion(EpisodeRule):
         self._over = 0
         self._since: int | None = None
 
+    def limit(self) -> float:
+        """``factor`` x the running median of the last grad norms: the relative part of
+        what the skip gate holds an update back at (+inf until ``min_history``)."""
+        win = self.levels.win
+        if len(win) < self.min_history:
+            return math.inf
+        return 10.0 ** (win.median() + self.log_factor)
+
     def update(self, step: int, value: float) -> Finding | None:
         """Feed grad_norm at ``step``."""
         lv = self.levels

@@ -35,12 +35,18 @@ def _start_level(first: float, median: float) -> float:
     return first if abs(first) > abs(median) else median
 
 
+def _margin(rule: LossSpike | LossDivergence, median: float, q90: float, bar: float) -> float:
+    """How far over the running median a loss must be to count: the largest of ``tail`` x
+    (q90 - median), ``rel`` x |median| and ``hold`` x the peak-hold ``bar``."""
+    return max(rule.tail * (q90 - median), rule.rel * abs(median), rule.hold * bar, TINY)
+
+
 def _high(
     rule: LossSpike | LossDivergence, excess: float, median: float, q90: float, bar: float
 ) -> bool:
     """The loss rules' test of one value: its ``excess`` over the running median beats
-    ``tail`` x (q90 - median), ``rel`` x |median| and ``hold`` x the peak-hold ``bar``."""
-    return excess > max(rule.tail * (q90 - median), rule.rel * abs(median), rule.hold * bar, TINY)
+    the ``_margin``."""
+    return excess > _margin(rule, median, q90, bar)
 
 
 class LossSpike:
@@ -100,6 +106,16 @@ class LossSpike:
         self._peak = 0.0
         self._first = 0.0
         self.active = False
+
+    def limit(self) -> float:
+        """The smallest loss the next step's test would call a spike (+inf until
+        ``min_history`` values were seen): what the skip gate holds an update back at,
+        by the very formula ``update`` applies."""
+        win = self.levels.win
+        if len(win) < self.min_history:
+            return math.inf
+        median = win.median()
+        return median + _margin(self, median, win.quantile(0.9), self._peak * self._decay)
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed the loss at ``step``."""

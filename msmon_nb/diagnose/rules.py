@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from msmon_nb.config.alerts import KINDS, resolve_settings
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.grad import GradExplosion, GradVanishing
 from msmon_nb.diagnose.loss import LossDivergence, LossPlateau, LossSpike
 from msmon_nb.diagnose.lr import LrDecay, LrWarmup, LrZero
-from msmon_nb.diagnose.settings import KINDS, resolve_settings
-from msmon_nb.diagnose.stream import NonFinite, StepOrder
+from msmon_nb.diagnose.steps import NonFinite, StepOrder
 from msmon_nb.diagnose.trend import LrRise, RisingTrend
 from msmon_nb.diagnose.window import Levels
 

@@ -17,7 +17,6 @@ parts read.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +27,14 @@ from msmon_nb.events.bulk import BulkScalarDecoder
 from msmon_nb.events.crc import masked_crc32c
 from msmon_nb.events.framing import HEADER, HEADER_SIZE, OVERHEAD
 from msmon_nb.events.reader import EventDecoder, RecordReader
-from msmon_nb.events.runs import (
-    _RANK_DIR_RE,
+from msmon_nb.rundir.layout import (
     MARKER,
-    RECENT_SECS,
-    _pid_alive,
+    combined_status,
     find_run_dirs,
-    read_marker_file,
+    rank_of_dir,
+    read_marker,
     run_files,
+    run_status,
 )
 
 _MAX_RECORD = 1 << 30  # a longer "length" is noise met while searching for a record start
@@ -185,47 +184,6 @@ class _Scanner:
             scan.last_step, scan.last_wall = last[1], last[2]
 
 
-def read_marker(run_dir: Path) -> dict | None:
-    """The run's ``msmon_run.json``, or None when missing or unreadable."""
-    return read_marker_file(run_dir / MARKER)
-
-
-def marker_alive(marker: dict | None) -> bool:
-    """True when the marker says running and its pid lives on this host."""
-    if not marker or marker.get("status") != "running":
-        return False
-    if marker.get("host") != socket.gethostname() or not marker.get("pid"):
-        return False
-    try:
-        return _pid_alive(int(marker["pid"]))
-    except (TypeError, ValueError):
-        return False
-
-
-def base_status(
-    marker: dict | None, files: list[Path], last_write: float | None, now: float
-) -> str:
-    """running, finished, stopped or interrupted, by the rules of ``Run.status``."""
-    if marker and marker.get("status") in ("finished", "stopped", "interrupted"):
-        return str(marker["status"])
-    recent = last_write is not None and now - last_write
-    if marker and marker.get("status") == "running":
-        if marker.get("host") == socket.gethostname() and marker.get("pid"):
-            return "running" if marker_alive(marker) else "interrupted"
-        return "running" if recent is not False and recent < 600 else "interrupted"
-    if files and all(_readonly(f) for f in files):
-        return "finished"
-    return "running" if recent is not False and recent < RECENT_SECS else "interrupted"
-
-
-def _readonly(path: Path) -> bool:
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return not (mode & 0o222) or not os.access(path, os.W_OK)
-
-
 class RunIndex:
     """Cheap, incremental run listing of one base dir (see the module docstring)."""
 
@@ -262,7 +220,7 @@ class RunIndex:
         dirs with markers, so discovery stops at those; listing them as runs of their own
         would rename the run once its files appear.
         """
-        if path == self.base or not _RANK_DIR_RE.match(path.name):
+        if path == self.base or rank_of_dir(path.name) is None:
             return path
         marker = self._marker(path)
         try:
@@ -294,13 +252,13 @@ class RunIndex:
         except OSError:
             return out
         for entry in entries:
-            match = _RANK_DIR_RE.match(entry.name)
-            if match is None:
+            rank = rank_of_dir(entry.name)
+            if rank is None:
                 continue
             marker = self._marker(Path(entry.path))
             if marker is not None:
                 key = self._markers[Path(entry.path) / MARKER][0]
-                out[int(match.group(1))] = (marker, key)
+                out[rank] = (marker, key)
         return dict(sorted(out.items()))
 
     def scan(self) -> list[RunInfo]:
@@ -339,19 +297,16 @@ class RunIndex:
         for rank, (rank_marker, _) in rank_markers.items():
             mine = [(f, s) for f, s in scans if s.rank == rank]
             written = max((s.mtime_ns for _, s in mine), default=None)
-            rank_status[rank] = base_status(
+            rank_status[rank] = run_status(
                 rank_marker,
                 [f for f, _ in mine],
                 None if written is None else written / 1e9,
                 now,
             )
         if rank_status:  # as Run.status: the most alarming state of any rank
-            statuses = set(rank_status.values())
-            status = next(
-                (s for s in ("running", "interrupted", "stopped") if s in statuses), "finished"
-            )
+            status = combined_status(rank_status.values())
         else:
-            status = base_status(marker, [f for f, _ in scans], last_write_s, now)
+            status = run_status(marker, [f for f, _ in scans], last_write_s, now)
         if status != "running" and any(s.damaged for _, s in scans):
             status = "damaged"
         ranks = sorted({s.rank for _, s in scans} | set(rank_markers)) or [0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 
@@ -66,8 +67,6 @@ def encode_png(image: np.ndarray) -> tuple[int, int, int, bytes]:
 
 def decode_png(data: bytes) -> np.ndarray:
     """PNG bytes -> (H, W, C) uint8 array (any PNG, via Pillow, loaded lazily)."""
-    import io
-
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.events import wire
-from msmon_nb.events.crc import _MASK_DELTA, crc32c, masked_crc32c
+from msmon_nb.events.crc import MASK_DELTA, crc32c, masked_crc32c
 from msmon_nb.events.framing import FOOTER_SIZE, HEADER, HEADER_SIZE, OVERHEAD
+from msmon_nb.events.png import decode_png
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ class ImageValue:
 
     def to_array(self) -> np.ndarray:
         """Decoded (H, W, C) uint8 pixels."""
-        from msmon_nb.events.png import decode_png
-
         return decode_png(self.encoded)
 
 
@@ -238,7 +237,7 @@ class RecordReader:
             dtype=np.uint32,
             count=len(starts),
         )
-        masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
+        masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(MASK_DELTA)
         data = np.frombuffer(buf, dtype=np.uint8)
         stored = np.ascontiguousarray(data[stops[:, None] + np.arange(4)]).view("<u4").ravel()
         return masked == stored

@@ -14,12 +14,8 @@ points in write order, untouched.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
-import socket
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,30 +25,22 @@ import numpy as np
 
 from msmon_nb.events.bulk import BulkScalarDecoder
 from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
+from msmon_nb.rundir.layout import (
+    ALERTS,
+    MARKER,
+    SNAPSHOTS,
+    combined_status,
+    find_run_dirs,
+    is_run_dir,
+    rank_markers,
+    read_marker_file,
+    read_run_jsonl,
+    run_files,
+    run_status,
+    summary_file_key,
+)
 
 log = logging.getLogger(__name__)
-
-MARKER = "msmon_run.json"
-ALERTS = "alerts.jsonl"  # one JSON object per alert, appended by the monitor
-SNAPSHOTS = "snapshots.jsonl"  # one JSON object per tensor snapshot (its data is in the events)
-_SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
-_RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
-RECENT_SECS = 60.0
-
-
-def is_summary_file(name: str) -> bool:
-    """True for MindSpore summary file names (``_lineage`` files excluded)."""
-    return bool(_SUMMARY_RE.search(name)) and not name.endswith("_lineage")
-
-
-def _file_key(path: Path) -> tuple[int, str]:
-    match = _SUMMARY_RE.search(path.name)
-    return (int(match.group(1)) if match else 0, path.name)
-
-
-def _file_rank(path: Path) -> int:
-    match = _SUMMARY_RE.search(path.name)
-    return int(match.group(2)) if match and match.group(2) is not None else 0
 
 
 class ScalarSeries(NamedTuple):
@@ -277,7 +265,7 @@ class Run:
                     todo += max(0, path.stat().st_size - state.reader.offset)
                 except OSError:
                     continue
-        for path in sorted(self._files, key=_file_key):
+        for path in sorted(self._files, key=summary_file_key):
             state = self._files[path]
             rank = self._ranks.setdefault(state.rank, _RankData())
             for buf, base, starts, stops in state.reader.batches():
@@ -298,7 +286,7 @@ class Run:
     def files(self) -> list[Path]:
         """Summary files of the run, in reading order."""
         self._discover()
-        return sorted(self._files, key=_file_key)
+        return sorted(self._files, key=summary_file_key)
 
     def file_ranks(self) -> list[int]:
         """Ranks that wrote files, from the file names alone (no data is read)."""
@@ -415,34 +403,13 @@ class Run:
     def _base_status(self) -> str:
         by_rank = self.rank_status()
         if by_rank:
-            statuses = set(by_rank.values())
-            for status in ("running", "interrupted", "stopped"):
-                if status in statuses:
-                    return status
-            return "finished"
-        return self._status_of(self.marker, self.files)
-
-    def _status_of(self, marker: dict[str, Any] | None, files: list[Path]) -> str:
-        if marker and marker.get("status") in ("finished", "stopped", "interrupted"):
-            return str(marker["status"])
-        if marker and marker.get("status") == "running":
-            if marker.get("host") == socket.gethostname() and marker.get("pid"):
-                return "running" if _pid_alive(int(marker["pid"])) else "interrupted"
-            return "running" if _recent(files, 600) else "interrupted"
-        if files and all(not os.access(f, os.W_OK) or _readonly(f) for f in files):
-            return "finished"
-        return "running" if _recent(files, RECENT_SECS) else "interrupted"
+            return combined_status(by_rank.values())
+        return run_status(self.marker, self.files)
 
     @property
     def rank_markers(self) -> dict[int, dict[str, Any]]:
         """rank -> the ``msmon_run.json`` of ``rank_<k>/`` (distributed runs written by us)."""
-        out = {}
-        for path in sorted(self.path.glob(f"rank_*/{MARKER}")):
-            match = _RANK_DIR_RE.match(path.parent.name)
-            marker = read_marker_file(path)
-            if match and marker is not None:
-                out[int(match.group(1))] = marker
-        return out
+        return rank_markers(self.path)
 
     def rank_status(self) -> dict[int, str]:
         """rank -> running/finished/stopped/interrupted, for runs with per-rank markers."""
@@ -452,7 +419,7 @@ class Run:
         files: dict[int, list[Path]] = {}
         for path, state in self._files.items():
             files.setdefault(state.rank, []).append(path)
-        return {rank: self._status_of(m, files.get(rank, [])) for rank, m in markers.items()}
+        return {rank: run_status(m, files.get(rank, [])) for rank, m in markers.items()}
 
     def rank_last_step(self) -> dict[int, int | None]:
         """rank -> the step of its most recent record."""
@@ -490,7 +457,7 @@ class Run:
         ``value``, ``rank``, ``wall_time``; readable as ``alert["kind"]`` or ``alert.kind``
         like the live ``Monitor.alerts`` (``onset`` is an alias of ``since_step``).
         """
-        return [AlertRecord(item) for item in _read_jsonl_files(self.path, ALERTS)]
+        return [AlertRecord(item) for item in read_run_jsonl(self.path, ALERTS)]
 
     @property
     def snapshots(self) -> list[dict[str, Any]]:
@@ -500,7 +467,7 @@ class Run:
         mean, std, nan_count, inf_count...), ``histogram`` (a ``Histogram`` or None) and
         ``has_value`` (the raw tensor is stored under ``snap/<name>/value``).
         """
-        entries = _read_jsonl_files(self.path, SNAPSHOTS)
+        entries = read_run_jsonl(self.path, SNAPSHOTS)
         if not entries:
             return []
         self._load()
@@ -541,126 +508,9 @@ class Run:
         }
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSON-lines file; a torn last line (still being written) is skipped."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return []
-    out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
-
-
-def _read_jsonl_files(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``."""
-    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
-    return [item for path in paths for item in read_jsonl(path)]
-
-
-def _recent(files: list[Path], secs: float) -> bool:
-    times = []
-    for path in files:
-        try:
-            times.append(path.stat().st_mtime)
-        except OSError:
-            continue
-    return bool(times) and time.time() - max(times) < secs
-
-
-def _readonly(path: Path) -> bool:
-    try:
-        return not (path.stat().st_mode & 0o222)
-    except OSError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _unknown(tag: str, known: Iterable[str], run: str, kind: str = "scalar") -> str:
     names = sorted(known)
     return f"run {run!r} has no {kind} tag {tag!r}; it has: {', '.join(names) or 'none'}"
-
-
-def run_files(path: Path) -> list[tuple[Path, int]]:
-    """Summary files of the run at ``path`` (its ``rank_<k>/`` dirs included) with ranks."""
-    found: list[tuple[Path, int]] = []
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return sorted(found)
-    for entry in entries:
-        if entry.is_file() and is_summary_file(entry.name):
-            found.append((Path(entry.path), _file_rank(Path(entry.path))))
-        elif entry.is_dir(follow_symlinks=False) and (m := _RANK_DIR_RE.match(entry.name)):
-            rank = int(m.group(1))
-            try:
-                for sub in os.scandir(entry.path):
-                    if sub.is_file() and is_summary_file(sub.name):
-                        found.append((Path(sub.path), rank))
-            except OSError:
-                continue
-    return found
-
-
-def is_run_dir(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` holds a marker, summary files, or rank_<k> dirs with them."""
-    p = Path(path)
-    if (p / MARKER).is_file() or run_files(p):
-        return True
-    # a distributed job whose ranks have written their markers but no records yet (a dir
-    # merely named rank_<k> holding a one-process run stays a run of its own)
-    for sub in p.glob("rank_*"):
-        if _RANK_DIR_RE.match(sub.name):
-            marker = read_marker_file(sub / MARKER)
-            if marker is not None and int(marker.get("ranks", 0) or 0) > 1:
-                return True
-    return False
-
-
-def read_marker_file(path: Path) -> dict[str, Any] | None:
-    """A marker's content, or None when missing or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:
-    """Run dirs under ``base`` (``base`` itself included), not descending into runs."""
-    base = Path(base)
-    found: list[Path] = []
-
-    def walk(path: Path, depth: int) -> None:
-        if is_run_dir(path):
-            found.append(path)
-            return
-        if depth >= max_depth:
-            return
-        try:
-            children = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
-        except OSError:
-            return
-        for child in children:
-            walk(Path(child), depth + 1)
-
-    walk(base, 0)
-    return found
 
 
 def load_run(path: str | os.PathLike[str]) -> Run:

@@ -14,15 +14,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from msmon_nb.diagnose.rankrules import rank_alerts, with_cross_rank
 from msmon_nb.events.runs import Run
+from msmon_nb.notebook.charts import MAX_RANK_LINES
+from msmon_nb.notebook.panel import Panel
 
 
 class Follower:
     """Keeps a Panel in step with a run on disk until the run ends or ``stop()``."""
 
     def __init__(self, run: Run, interval: float = 1.0) -> None:
-        from msmon_nb.notebook.panel import Panel
-
         self.run = run
         self.interval = interval
         self.panel = Panel(run.name, str(run.path), live=False)
@@ -86,9 +87,6 @@ def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
     ranks = run.ranks
     if len(ranks) < 2:
         return {tag: run.scalars(tag) for tag in run.tags()}, run.alerts
-    from msmon_nb.diagnose.ranks import rank_alerts, with_cross_rank
-    from msmon_nb.notebook.charts import MAX_RANK_LINES
-
     series: dict[str, Any] = {}
     for tag in run.tags(rank=ranks[0]):
         for rank in ranks[:MAX_RANK_LINES]:

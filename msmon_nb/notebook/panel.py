@@ -18,6 +18,7 @@ The clock is injectable so tests are deterministic.
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from msmon_nb.notebook.charts import LOG_BY_DEFAULT, plan_charts
 from msmon_nb.notebook.snapshots_view import snapshots_html
-from msmon_nb.notebook.stream import PointStream
+from msmon_nb.notebook.updates import PointStream
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -385,8 +386,6 @@ def _last_step(series: Mapping[str, Any]) -> int | None:
 
 
 def _png_bundle(png: bytes, title: str) -> dict[str, Any]:
-    import base64
-
     return {
         "text/plain": f"msmon panel: {title}",
         "image/png": base64.b64encode(png).decode("ascii"),

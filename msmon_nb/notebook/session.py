@@ -8,11 +8,16 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from msmon_nb.config import ConfigError, MonitorConfig
+from msmon_nb.events.runs import Run, load_run
 from msmon_nb.monitor import Monitor, active
+from msmon_nb.notebook.follow import follow_run, run_series
+from msmon_nb.notebook.kernel_events import BusyGuard, KernelEventPump
+from msmon_nb.notebook.panel import Panel
 
 
 class NotebookSession:
@@ -68,9 +73,6 @@ class NotebookSession:
 
     @staticmethod
     def _panel(monitor: Monitor, refresh: float) -> Any:
-        from msmon_nb.notebook.kernel_events import KernelEventPump
-        from msmon_nb.notebook.panel import Panel
-
         view = Panel(
             monitor.run_name or "run (not saved)", monitor.run_dir, refresh=refresh, threaded=True
         )
@@ -136,10 +138,6 @@ class NotebookSession:
 
 
 def _busy_guard() -> Any:
-    from contextlib import nullcontext
-
-    from msmon_nb.notebook.kernel_events import BusyGuard
-
     return BusyGuard.for_current_kernel() or nullcontext()
 
 
@@ -148,8 +146,6 @@ SESSION = NotebookSession()
 
 def last_run():
     """The run written by the last ``%%msmonitor`` cell (a ``Run``), or None."""
-    from msmon_nb.events.runs import load_run
-
     mon = SESSION.last_monitor
     if mon is None or mon.run_dir is None:
         return None
@@ -162,17 +158,11 @@ def show(run: Any, follow: bool = False, rank: int | None = None) -> Any:
     ``run`` is a run dir, a ``Run`` or a ``Monitor``. Returns the widget (displayed as the
     cell's result).
     """
-    from msmon_nb.events.runs import Run, load_run
-    from msmon_nb.notebook.follow import run_series
-    from msmon_nb.notebook.panel import Panel
-
     if isinstance(run, Monitor):
         run = run.run_dir
     if not isinstance(run, Run):
         run = load_run(os.fspath(run))
     if follow:
-        from msmon_nb.notebook.follow import follow_run
-
         return follow_run(run)
     view = Panel(run.name, str(run.path), live=False)
     if rank is None:

@@ -1,5 +1,5 @@
-"""Outputs of a Monitor. Each consumes records; none knows where they came from."""
+"""Outputs of a Monitor. Each consumes records; none knows where they came from.
 
-from msmon_nb.sinks.base import Fanout, Sink, make_sinks
-
-__all__ = ["Fanout", "Sink", "make_sinks"]
+``base``: the protocol and the fan-out; ``factory``: the sinks a config names; one
+module per output.
+"""

@@ -10,16 +10,13 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from msmon_nb.config.checks import MonitorWarning
+
 log = logging.getLogger(__name__)
-
-
-class MonitorWarning(UserWarning):
-    """Something in monitoring failed; training continues without it."""
 
 
 class Sink:
@@ -86,45 +83,3 @@ class Fanout:
     def close(self) -> None:
         self._call("close")
         self.sinks.clear()
-
-
-def make_sinks(kinds: list[str], run_dir: Path, *, rank: int = 0, config: Any = None) -> Fanout:
-    """Open the sinks named in ``kinds``; one that cannot open is warned about and skipped."""
-    from msmon_nb.sinks import jsonl, summary
-
-    factories = {
-        "summary": lambda: summary.SummarySink(
-            run_dir,
-            rank=rank,
-            max_file_size=getattr(config, "max_file_size", None),
-            flush_secs=getattr(config, "flush_secs", 1.0),
-        ),
-        "file": lambda: jsonl.JsonlSink(run_dir / f"metrics.rank{rank}.jsonl"),
-        "mlflow": lambda: _mlflow(run_dir, config),
-        "tensorboard": lambda: _tensorboard(run_dir, rank),
-    }
-    fanout = Fanout([])
-    for kind in kinds:
-        try:
-            fanout.sinks.append(factories[kind]())
-        except Exception as exc:  # noqa: BLE001 - an output that cannot open is skipped
-            fanout.failed[kind] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(
-                f"msmon: cannot open the {kind} output, continuing without it "
-                f"({type(exc).__name__}: {exc})",
-                MonitorWarning,
-                stacklevel=3,
-            )
-    return fanout
-
-
-def _mlflow(run_dir: Path, config: Any) -> Sink:
-    from msmon_nb.sinks.mlflow import MlflowSink
-
-    return MlflowSink(run_dir, config)
-
-
-def _tensorboard(run_dir: Path, rank: int) -> Sink:
-    from msmon_nb.sinks.tensorboard import TensorboardSink
-
-    return TensorboardSink(run_dir / "tensorboard", rank=rank)

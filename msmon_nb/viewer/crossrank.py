@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from msmon_nb.diagnose.rankrules import rank_alerts
+
 log = logging.getLogger(__name__)
 
 PAUSE_FACTOR = 4.0
 
 
 def _default_rules(view: Any) -> list[Any]:
-    from msmon_nb.diagnose.ranks import rank_alerts
-
     return rank_alerts(view)
 
 

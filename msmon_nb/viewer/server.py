@@ -23,14 +23,15 @@ import socket
 import sys
 import threading
 import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
 from msmon_nb.viewer import api
+from msmon_nb.viewer.sse import Broadcaster
 from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
 from msmon_nb.viewer.store import RunStore
-from msmon_nb.viewer.stream import Broadcaster
 
 log = logging.getLogger(__name__)
 
@@ -240,8 +241,6 @@ def make_server(
 
 def _already_serving(host: str, port: int, base: Path) -> str | None:
     """The URL of an msmon viewer of ``base`` already listening there, else None."""
-    import urllib.request
-
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/"
     try:

@@ -5,7 +5,7 @@ long runs lists in well under a second. A run is fully loaded (``Run``) only whe
 client asks for its data; from then on the watcher's ``poll()`` tails it, so requests
 never read files and two requests never load the same run twice.
 
-A distributed run laid out as ``rank_<k>/`` dirs is held as a ``RankedRun`` (``ranks.py``:
+A distributed run laid out as ``rank_<k>/`` dirs is held as a ``RankedRun`` (``rankmerge.py``:
 rank by rank, done ranks kept compact); any other run as a ``Run``. Series merged across
 ranks are computed once per run version and kept. Cross-rank alerts are evaluated by a
 worker thread (``crossrank.py``) whenever a run with several ranks is loaded or grows.
@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.diagnose.rankrules import with_cross_rank
 from msmon_nb.events.index import RunIndex, RunInfo
-from msmon_nb.events.runs import ALERTS, SNAPSHOTS, Run
+from msmon_nb.events.runs import Run
+from msmon_nb.rundir import ALERTS, SNAPSHOTS
 from msmon_nb.viewer.crossrank import CrossRankAlerts
-from msmon_nb.viewer.ranks import Merged, RankedRun, RankView, is_ranked, merge_ranks
+from msmon_nb.viewer.rankmerge import Merged, RankedRun, RankView, is_ranked, merge_ranks
 
 CROSS_RANK_WAIT = 1.0  # s an /api/alerts request waits for cross-rank rules in progress
 
@@ -234,8 +236,6 @@ class RunStore:
             return own
         self.run(name)  # loading queues the cross-rank rules
         self.cross_rank.wait(name, CROSS_RANK_WAIT)
-        from msmon_nb.diagnose.ranks import with_cross_rank
-
         return sorted(with_cross_rank(own, self.cross_rank.get(name)), key=_step_key)
 
     def snapshots(self, name: str) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from msmon_nb.clean import parse_age
-from msmon_nb.events.runs import MARKER
 from msmon_nb.events.writer import EventWriter
+from msmon_nb.rundir import MARKER
 
 DAY = 86400
 OLD = time.time() - 5 * DAY

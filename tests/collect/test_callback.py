@@ -9,7 +9,7 @@ from mindspore.train import Model
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 STEPS_PER_EPOCH = 10
 

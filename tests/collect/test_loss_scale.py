@@ -19,8 +19,8 @@ from mindspore.train import FixedLossScaleManager, Model
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
-from tests.trainers.reference import Reference, assert_same_weights, float64_norm
+from tests.support import tiny
+from tests.support.reference import Reference, assert_same_weights, float64_norm
 
 STEPS, BATCH = 8, 16
 

@@ -12,8 +12,8 @@ import pytest
 
 from msmon_nb.collect.hooks import compile_cache, jit_api
 from msmon_nb.monitor import Monitor
-from tests import tiny
 from tests.collect.test_watch import make_loop
+from tests.support import tiny
 
 
 class Meter:

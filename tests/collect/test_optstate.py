@@ -19,11 +19,11 @@ from mindspore.train import Callback, Model
 
 from msmon_nb.collect.optstate import PATH_ENV, moment_tag
 from msmon_nb.config import CORE_METRICS, MonitorConfig
+from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from msmon_nb.notebook.charts import MAX_LINES, plan_charts
-from msmon_nb.sinks.base import MonitorWarning
-from tests import tiny
+from tests.support import tiny
 
 STEPS = 10
 TRACK = [*CORE_METRICS, "optimizer_state"]

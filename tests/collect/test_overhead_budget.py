@@ -13,9 +13,9 @@ from mindspore import nn
 
 from msmon_nb.collect.budget import OverheadBudget
 from msmon_nb.config import ConfigError, MonitorConfig
-from msmon_nb.events.runs import ALERTS
+from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.monitor import Monitor
-from msmon_nb.sinks.base import MonitorWarning
+from msmon_nb.rundir import ALERTS
 
 
 def big_loop(hidden: int = 1024, blocks: int = 3):

@@ -25,7 +25,7 @@ from mindspore.train import Callback, Model
 from msmon_nb.config import ConfigError
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 STEPS = 8
 BAD = 3  # the outlier batch's index in the loop

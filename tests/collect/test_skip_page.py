@@ -71,7 +71,7 @@ def test_skip_alert_and_count_in_the_live_panel(tmp_path):
     """The %%msmonitor panel in a real JupyterLab lists the skip alert and charts the
     skipped-steps count while the cell runs."""
     pytest.importorskip("playwright.sync_api")
-    from tests.notebook.jupyter_app import jupyter_page, run_all, write_notebook
+    from tests.support.jupyter_app import jupyter_page, run_all, write_notebook
 
     config = tmp_path / "skip.yaml"
     config.write_text("alerts: {grad_explosion: {action: skip, skip_above: 5.0}}\n")

@@ -10,8 +10,8 @@ from mindspore import nn
 from mindspore.train import Model
 
 from msmon_nb.monitor import Monitor
-from tests import tiny
 from tests.collect.test_callback import STEPS_PER_EPOCH, dataset, reference
+from tests.support import tiny
 
 
 class TapWatcher(ms.train.Callback):

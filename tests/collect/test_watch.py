@@ -9,7 +9,7 @@ from msmon_nb.collect.graph import global_norm
 from msmon_nb.collect.watch import WatchError
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 
 def make_loop(lr=0.05, steps=30):

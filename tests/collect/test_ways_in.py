@@ -8,10 +8,10 @@ import pytest
 from mindspore import nn
 
 from msmon_nb.collect.hooks import find_ways_in, ways_in
+from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from msmon_nb.sinks.base import MonitorWarning
-from tests import tiny
+from tests.support import tiny
 
 
 def hooked_attributes():

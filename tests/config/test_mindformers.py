@@ -10,10 +10,10 @@ from mindspore import nn
 
 import msmon_nb as mm
 from msmon_nb.config import CORE_METRICS, ConfigError, MonitorConfig
-from msmon_nb.config_mindformers import UNSUPPORTED, invert_targets
-from msmon_nb.diagnose.settings import resolve_settings
-from msmon_nb.sinks.base import MonitorWarning
-from tests import tiny
+from msmon_nb.config.alerts import resolve_settings
+from msmon_nb.config.checks import MonitorWarning
+from msmon_nb.config.mindformers import UNSUPPORTED, invert_targets
+from tests.support import tiny
 
 # MindFormers' own defaults (mindformers/tools/register/template.py, MonitorConfig): every
 # key spelled out, all of them "off"

@@ -11,7 +11,7 @@ from msmon_nb.config import ConfigError
 from msmon_nb.diagnose import Alert, Diagnoser, detect, diagnose
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.metrics.series import SeriesStore
-from tests.diagnose.curves import healthy
+from tests.support.curves import healthy
 
 NAN = float("nan")
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from msmon_nb.diagnose import Diagnoser, diagnose
-from tests.diagnose.curves import HEALTHY, healthy
+from tests.support.curves import HEALTHY, healthy
 
 N = 1500
 STRIDES = (1, 10)  # log_interval 1 and 10

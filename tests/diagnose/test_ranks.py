@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from msmon_nb.diagnose.ranks import grad_norm_mismatch, loss_spread, rank_stopped, straggler
+from msmon_nb.diagnose.rankrules import grad_norm_mismatch, loss_spread, rank_stopped, straggler
 
 
 class S(NamedTuple):

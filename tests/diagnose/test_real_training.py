@@ -10,7 +10,7 @@ from mindspore import nn
 
 from msmon_nb.diagnose import Diagnoser, diagnose
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 STEPS = 200
 OPTIMIZERS = {

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from msmon_nb.diagnose import detect
-from tests.diagnose.curves import converged_heavy_tail_loss, decaying_loss
+from tests.support.curves import converged_heavy_tail_loss, decaying_loss
 
 K = 700
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from msmon_nb.diagnose import detect
-from tests.diagnose.curves import warmup_cosine_lr
+from tests.support.curves import warmup_cosine_lr
 
 
 def test_lr_zero_for_three_collected_steps():

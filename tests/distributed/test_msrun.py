@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from msmon_nb.diagnose.ranks import rank_alerts
+from msmon_nb.diagnose.rankrules import rank_alerts
 from msmon_nb.events.runs import load_runs
 
 SCRIPT = Path(__file__).with_name("dp_train.py")

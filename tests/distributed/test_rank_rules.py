@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from msmon_nb.diagnose.ranks import DEFAULTS, rank_spike, straggler_by_wait
+from msmon_nb.diagnose.rankrules import DEFAULTS, rank_spike, straggler_by_wait
 from msmon_nb.events.runs import load_runs
 from msmon_nb.events.writer import EventWriter
-from msmon_nb.rankwatch import CrossRankRecorder
+from msmon_nb.monitor.rankwatch import CrossRankRecorder
 from msmon_nb.rundir import write_marker
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doctor.envs import clean_env
+from tests.support.envs import clean_env
 
 
 @pytest.fixture(scope="session")

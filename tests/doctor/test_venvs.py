@@ -12,7 +12,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from tests.doctor.envs import (
+from tests.support.envs import (
     by_name,
     clean_env,
     doctor_json,

@@ -10,7 +10,7 @@ import pytest
 
 from msmon_nb.events.reader import read_events
 from msmon_nb.events.runs import load_run
-from tests.events.helpers import scalar_records, steps_of, write_file
+from tests.support.events import scalar_records, steps_of, write_file
 
 
 def test_every_cut_inside_last_record(tmp_path):

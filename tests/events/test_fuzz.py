@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from msmon_nb.events.reader import read_events
 from msmon_nb.events.runs import load_run
-from tests.events.helpers import scalar_records
+from tests.support.events import scalar_records
 
 RECORDS = scalar_records(12, tags=("t/a", "t/bb", "t/ccc"))
 CLEAN = b"".join(RECORDS)

@@ -97,7 +97,7 @@ def test_mixed_tags_and_layouts_keep_write_order(tmp_path):
 def test_job_with_only_rank_markers_is_one_run(tmp_path):
     import json
 
-    from msmon_nb.events.runs import find_run_dirs
+    from msmon_nb.rundir import find_run_dirs
 
     for rank in (0, 1):
         rank_dir = tmp_path / "job" / f"rank_{rank}"

@@ -12,7 +12,7 @@ from mindspore.train import Model
 from msmon_nb.config import ConfigError
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 
 def dataset(x, y, batch=32):

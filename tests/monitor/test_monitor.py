@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from msmon_nb.config import ConfigError, MonitorConfig
+from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor, StopTraining
-from msmon_nb.sinks.base import MonitorWarning
-from tests import tiny
+from tests.support import tiny
 
 
 def test_explicit_steps_accept_tensors_numpy_and_numbers(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.notebook.follow import Follower, run_series
-from msmon_nb.notebook.stream import unpack
+from msmon_nb.notebook.updates import unpack
 from tests.conftest import ROOT
 
 WRITER = r"""

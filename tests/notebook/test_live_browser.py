@@ -16,7 +16,7 @@ import time
 import pytest
 
 from msmon_nb.events.runs import load_run
-from tests.notebook.jupyter_app import (
+from tests.support.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
     jupyter_page,

@@ -7,7 +7,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from msmon_nb.events.runs import load_run
-from tests.notebook.kernel_code import SETUP
+from tests.support.kernel_code import SETUP
 
 CELL = """%%msmonitor --dir {base} --run live --refresh 0.1
 for step in range(2000):

@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from msmon_nb.events.runs import load_run, load_runs
-from tests.notebook.kernel_code import SETUP
+from tests.support.kernel_code import SETUP
 
 ROOT = Path(__file__).resolve().parents[2]
 

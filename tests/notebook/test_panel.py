@@ -9,7 +9,7 @@ from msmon_nb.metrics.series import Series
 from msmon_nb.monitor import Monitor
 from msmon_nb.notebook.panel import Panel
 from msmon_nb.notebook.render import ChartRenderer, RenderOptions
-from msmon_nb.notebook.stream import RESET_POINTS, PointStream, unpack
+from msmon_nb.notebook.updates import RESET_POINTS, PointStream, unpack
 
 
 class FakeClock:

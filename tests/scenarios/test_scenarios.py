@@ -13,7 +13,7 @@ from mindspore import nn, ops
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 STEPS = 160
 ONSET = 100

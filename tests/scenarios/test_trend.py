@@ -18,7 +18,7 @@ from mindspore import nn
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests import tiny
+from tests.support import tiny
 
 RAMP_FROM = 100
 

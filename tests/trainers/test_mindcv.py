@@ -25,16 +25,11 @@ from mindcv.utils import create_trainer
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests.trainers.reference import Reference, assert_same_weights
+from tests.support.reference import Reference, assert_same_weights
+
+pytestmark = pytest.mark.usefixtures("graph_mode")
 
 BATCH, STEPS = 4, 6
-
-
-@pytest.fixture(autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def data():

@@ -24,7 +24,9 @@ from mindspore.nn.wrap.loss_scale import _grad_scale
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests.trainers.reference import assert_same_weights, float64_norm
+from tests.support.reference import assert_same_weights, float64_norm
+
+pytestmark = pytest.mark.usefixtures("graph_mode")
 
 STEPS, BATCH = 10, 8
 
@@ -90,13 +92,6 @@ class MFCell(nn.TrainOneStepWithLossScaleCell):
             else:
                 loss = ops.depend(loss, self.optimizer(grads))
         return loss, overflow, scaling_sens, learning_rate, global_norm
-
-
-@pytest.fixture(autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def batches():

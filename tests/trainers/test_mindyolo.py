@@ -22,7 +22,7 @@ from mindyolo.utils.train_step_factory import (
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests.trainers.reference import assert_same_weights, float64_norm
+from tests.support.reference import assert_same_weights, float64_norm
 
 BATCH, STEPS = 4, 8
 

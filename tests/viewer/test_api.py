@@ -7,11 +7,12 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from msmon_nb.events.runs import ALERTS, MARKER, SNAPSHOTS, load_run
+from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter
+from msmon_nb.rundir import ALERTS, MARKER, SNAPSHOTS
 from msmon_nb.viewer.server import make_server
+from tests.support.synth import write_run
 from tests.viewer.conftest import Client
-from tests.viewer.synth import write_run
 
 N = 1_000_000
 SPIKE_STEP = 2 * 654_321

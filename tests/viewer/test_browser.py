@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from msmon_nb.events.runs import ALERTS, SNAPSHOTS
 from msmon_nb.events.writer import EventWriter
+from msmon_nb.rundir import ALERTS, SNAPSHOTS
 from tests.conftest import ROOT
 from tests.viewer.test_live import WRITER
 
@@ -256,7 +256,7 @@ RANK_STEPS, DEAD_AFTER, SLOW_FROM = 300, 179, 120
 @pytest.fixture
 def ranked_base(tmp_path):
     """A 2-rank job: rank 1 straggles from step 120 and its process dies after step 179."""
-    from tests.viewer.synth import write_ranked_run
+    from tests.support.synth import write_ranked_run
 
     rng = np.random.default_rng(1)
     columns = {}

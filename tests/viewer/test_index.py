@@ -10,9 +10,10 @@ import numpy as np
 from msmon_nb.events import wire
 from msmon_nb.events.framing import frame
 from msmon_nb.events.index import RunIndex, find_record_start
-from msmon_nb.events.runs import MARKER, load_run
+from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter
-from tests.viewer.synth import write_run
+from msmon_nb.rundir import MARKER
+from tests.support.synth import write_run
 
 
 def test_long_run_listed_from_head_and_tail(tmp_path):

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from msmon_nb.events.runs import ALERTS, MARKER
 from msmon_nb.events.writer import EventWriter
-from tests.viewer.mindinsight import MindInsight
+from msmon_nb.rundir import ALERTS, MARKER
+from tests.support.mindinsight import MindInsight
 
 
 @pytest.mark.slow

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from msmon_nb.events.index import RunIndex
-from msmon_nb.events.runs import ALERTS, MARKER, load_run
+from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter
-from msmon_nb.rundir import write_marker
+from msmon_nb.rundir import ALERTS, MARKER, write_marker
 from msmon_nb.viewer.downsample import downsample_band
-from msmon_nb.viewer.ranks import RankedRun, merge_ranks
+from msmon_nb.viewer.rankmerge import RankedRun, merge_ranks
 from msmon_nb.viewer.store import RunStore
-from tests.viewer.synth import write_ranked_run
+from tests.support.synth import write_ranked_run
 
 DEAD_PID = 2**22 + 1  # above pid_max's default: never a live process
 

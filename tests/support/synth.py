@@ -16,7 +16,7 @@ import numpy as np
 
 from msmon_nb.events import wire
 from msmon_nb.events.bulk import learn_layout
-from msmon_nb.events.crc import _MASK_DELTA, crc32c, masked_crc32c
+from msmon_nb.events.crc import MASK_DELTA, crc32c, masked_crc32c
 from msmon_nb.events.framing import frame
 
 
@@ -31,7 +31,7 @@ def _varint_columns(steps: np.ndarray, nbytes: int) -> np.ndarray:
     return cols
 
 
-def _records(steps: np.ndarray, walls: np.ndarray, columns: dict[str, np.ndarray]) -> bytes:
+def records(steps: np.ndarray, walls: np.ndarray, columns: dict[str, np.ndarray]) -> bytes:
     """Framed scalar events for steps that all share one varint length."""
     tags = list(columns)
     template = wire.scalar_event(int(steps[0]), 0.0, [(t, 0.0) for t in tags])
@@ -44,7 +44,7 @@ def _records(steps: np.ndarray, walls: np.ndarray, columns: dict[str, np.ndarray
     for tag, at in zip(tags, layout.float_at.tolist(), strict=True):
         rows[:, at : at + 4] = columns[tag].astype("<f4").view(np.uint8).reshape(n, 4)
     crcs = np.fromiter((crc32c(r) for r in rows), dtype=np.uint32, count=n)
-    masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
+    masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(MASK_DELTA)
     head = np.frombuffer(
         length.to_bytes(8, "little")
         + masked_crc32c(length.to_bytes(8, "little")).to_bytes(4, "little"),
@@ -83,7 +83,7 @@ def write_run(
         cuts = np.flatnonzero(np.diff(nbytes)) + 1
         for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(steps)], strict=True):
             part = {t: np.asarray(v)[lo:hi] for t, v in columns.items()}
-            file.write(_records(steps[lo:hi], walls[lo:hi], part))
+            file.write(records(steps[lo:hi], walls[lo:hi], part))
     if readonly:
         path.chmod(0o400)
     return path

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from msmon_nb.events.index import base_status
-from msmon_nb.events.runs import ALERTS, MARKER, SNAPSHOTS, Run, is_summary_file, read_jsonl
+from msmon_nb.events.runs import Run
+from msmon_nb.rundir import ALERTS, MARKER, SNAPSHOTS, is_summary_file, read_jsonl, run_status
 
 _RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 
@@ -166,7 +166,7 @@ class _Rank:
         self.last_step = run.last_step
         self.last_write = run.last_write
         self.problems = [str(p) for p in run.problems]
-        self.status = base_status(run.marker, run.files, self.last_write, time.time())
+        self.status = run_status(run.marker, run.files, self.last_write, time.time())
         if self.status != "running":
             self._compact(run)
             self.signature = signature

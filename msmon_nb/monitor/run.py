@@ -14,6 +14,7 @@ user's ``except Exception`` does not swallow it) ends a loop cleanly; ``watch()`
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import sys
 import time
@@ -24,12 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from msmon_nb.collect.budget import OverheadBudget
+from msmon_nb.collect.comm import attach
 from msmon_nb.collect.devnorm import DeferredNorm
-from msmon_nb.collect.ranks import detect, shared_run_name
-from msmon_nb.collect.recorder import StopTraining
-from msmon_nb.config import ConfigError, MonitorConfig, check_tag
+from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
+from msmon_nb.collect.rankinfo import detect, shared_run_name
+from msmon_nb.collect.recorder import StepInputs, StopTraining
+from msmon_nb.collect.tensors import to_float
+from msmon_nb.collect.values import TAGS, step_values
+from msmon_nb.collect.watch import Watch
+from msmon_nb.config import ConfigError, MonitorConfig, MonitorWarning, check_tag
+from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG
 from msmon_nb.metrics.series import SeriesStore
+from msmon_nb.monitor.actions import Actions
+from msmon_nb.monitor.rankwatch import RankWatcher
+from msmon_nb.monitor.records import RunRecords
 from msmon_nb.rundir import (
     backup_config,
     claim_rank_dir,
@@ -38,7 +48,9 @@ from msmon_nb.rundir import (
     environment,
     write_marker,
 )
-from msmon_nb.sinks.base import Fanout, MonitorWarning, make_sinks
+from msmon_nb.rundir.facts import mindspore_brief
+from msmon_nb.sinks.base import Fanout
+from msmon_nb.sinks.factory import make_sinks
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +127,7 @@ class Monitor:
         self._stop_reason: str | None = None
         self._stopped = False
         self._sinks = Fanout([])
+        self.records = RunRecords(None, self._guard)  # alerts/snapshots.jsonl (none yet)
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
         self._warned: set[str] = set()
         self._marker: dict[str, Any] = {}
@@ -146,8 +159,6 @@ class Monitor:
                     "read-only or full?); curves stay live in the notebook but nothing is "
                     "written to disk",
                 )
-            from msmon_nb.actions import Actions
-
             self._actions = Actions(self)
 
     def __repr__(self) -> str:
@@ -186,13 +197,10 @@ class Monitor:
         }
         write_marker(self.write_dir, self._marker)
         self._sinks = make_sinks(cfg.sink_types, self.write_dir, rank=ranks.rank, config=cfg)
+        self.records = RunRecords(self.write_dir, self._guard)
         if ranks.distributed and ranks.rank == 0:
-            from msmon_nb.rankwatch import RankWatcher
-
             self._rankwatch = RankWatcher(self).start()
         if ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
-            from msmon_nb.collect.comm import attach
-
             self._comm = attach(self)
         self.status = "running"
         self._t_mark = time.perf_counter()
@@ -279,7 +287,7 @@ class Monitor:
             self.step_count = int(step)
         if self._t_mark is None:
             self._t_mark = time.perf_counter()
-        self._record_step(
+        inputs = StepInputs(
             loss=loss,
             grads=grads,
             grad_norm=grad_norm,
@@ -288,8 +296,8 @@ class Monitor:
             params=list(params) if params is not None else None,
             optimizer=optimizer,
             extra=metrics or None,
-            collect=self.will_collect(self.step_count),
         )
+        self._record_step(inputs, collect=self.will_collect(self.step_count))
         self._boundary(raise_stop=True)
 
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -298,7 +306,7 @@ class Monitor:
             check_tag(tag, "mon.log() tag")
         at = step if step is not None else (self.last_step if self.last_step is not None else 0)
         values = {tag: float(v) for tag, v in metrics.items()}
-        self._emit(int(at), values)
+        self.emit(int(at), values)
 
     def snapshot(
         self, tensors: Any = None, step: int | None = None, reason: str = "manual"
@@ -324,8 +332,6 @@ class Monitor:
 
     def watch(self):
         """Context manager that monitors an unchanged functional loop (see ``collect.watch``)."""
-        from msmon_nb.collect.watch import Watch
-
         return Watch(self)
 
     # --- controls -----------------------------------------------------------------------
@@ -378,9 +384,9 @@ class Monitor:
 
     # --- the Recorder interface (collect/recorder.py): what the ways in call -----------
 
-    def record_step(self, **kwargs: Any) -> None:
+    def record_step(self, inputs: StepInputs, *, collect: bool) -> None:
         """Count a finished step; on collected steps compute and emit its scalars."""
-        self._record_step(**kwargs)
+        self._record_step(inputs, collect)
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
         """Where the step's time went: waiting for the next batch, or computing."""
@@ -404,6 +410,12 @@ class Monitor:
             return None
         return self._guard("making the skip gate", self._actions.skip_gate)
 
+    @property
+    def outputs(self) -> Fanout:
+        """The outputs the run writes to (``sinks.base.Fanout``): a failing one is warned
+        about once and dropped, the rest go on."""
+        return self._sinks
+
     def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``; on failure warn once and return None (training goes on)."""
         return self._guard(what, fn, *args)
@@ -421,8 +433,6 @@ class Monitor:
     def _attached(self, how: str) -> None:
         if self.config.verbose and not self._attach_reported:
             self._attach_reported = True
-            from msmon_nb.doctor import mindspore_brief
-
             print(
                 f"msmon: monitoring via {how} -> {self.run_dir} (every {self.collect_freq} "
                 f"steps; {mindspore_brief()})"
@@ -437,21 +447,7 @@ class Monitor:
         self._data_secs += max(0.0, data_secs)
         self._compute_secs += max(0.0, compute_secs)
 
-    def _record_step(
-        self,
-        *,
-        loss: Any = None,
-        grads: Any = None,
-        grad_norm: Any = None,
-        lr: Any = None,
-        batch_size: int | None = None,
-        global_step: int | None = None,
-        params: list | None = None,
-        optimizer: Any = None,
-        extra: Mapping[str, float] | None = None,
-        grad_scale: float = 1.0,
-        collect: bool,
-    ) -> None:
+    def _record_step(self, inputs: StepInputs, collect: bool) -> None:
         """Count a finished step; on collected steps compute and emit its scalars."""
         step = self.step_count
         if self._late.pending is not None:  # step >= s+1 was dispatched: read s's norm
@@ -462,36 +458,27 @@ class Monitor:
         self.step_count = step + 1
         self.last_step = step
         self._steps_since += 1
-        self._samples_since += batch_size or self.config.batch_size or 0
+        self._samples_since += inputs.batch_size or self.config.batch_size or 0
         if not collect:
             return
         now = time.perf_counter()
         cpu = 0.0
         if self._budget is not None:
-            if loss is not None:  # reading it waits for the step itself: not our cost
-                from msmon_nb.collect.tensors import to_float
-
-                loss = self._guard("reading the loss", to_float, loss)
+            if inputs.loss is not None:  # reading it waits for the step itself: not our cost
+                loss = self._guard("reading the loss", to_float, inputs.loss)
+                inputs = dataclasses.replace(inputs, loss=loss)
             cpu = time.thread_time()
         step_time = (now - self._t_mark) / self._steps_since if self._t_mark is not None else None
         samples = self._samples_since
-        from msmon_nb.collect.values import step_values
-
         values = self._guard(
             "collecting step values",
             step_values,
             self.config,
-            loss=loss,
-            grads=grads,
-            grad_norm=grad_norm,
-            lr=lr,
-            global_step=step if global_step is None else global_step,
-            step_time=step_time,
-            samples=int(samples),
-            params=params,
-            deferred=self._late,
-            step=step,
-            grad_scale=grad_scale,
+            inputs,
+            step,
+            step_time,
+            int(samples),
+            self._late,
         )
         if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
             values[DATA_TAG] = self._data_secs / self._steps_since
@@ -502,15 +489,17 @@ class Monitor:
         self._steps_since = 0
         self._samples_since = 0
         self._data_secs = self._compute_secs = 0.0
-        if self._actions is not None and (params is not None or grads is not None):
-            self._guard("keeping step tensors", self._actions.tensors, step, params, grads)
+        if self._actions is not None and (inputs.params is not None or inputs.grads is not None):
+            self._guard(
+                "keeping step tensors", self._actions.tensors, step, inputs.params, inputs.grads
+            )
         if values is None:
             return
         if self.config.tracks("optimizer_state"):
-            values.update(self._optimizer_state(optimizer))
-        if extra:
-            values.update({tag: float(v) for tag, v in extra.items()})
-        self._emit(step, values)
+            values.update(self._optimizer_state(inputs.optimizer))
+        if inputs.extra:
+            values.update({tag: float(v) for tag, v in inputs.extra.items()})
+        self.emit(step, values)
         if self._budget is not None:
             self._check_budget(step, cpu, step_time)
 
@@ -519,9 +508,7 @@ class Monitor:
         step (``collect.devnorm``: read one step late so the read never stalls)."""
         got = self._guard("reading the device grad_norm", self._late.take)
         if got is not None:
-            from msmon_nb.collect.values import TAGS
-
-            self._emit(got[0], {TAGS["grad_norm"]: got[1]})
+            self.emit(got[0], {TAGS["grad_norm"]: got[1]})
 
     def _check_budget(self, step: int, started: float, step_time: float | None) -> None:
         """``overhead_budget``: double the interval when collecting costs too much
@@ -544,21 +531,12 @@ class Monitor:
             "mon.set_collect_freq(n) sets a new floor)"
         )
         self._warn_once("overhead_budget", message)
-        from msmon_nb.diagnose.alert import Alert
-
         alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
         self.alerts.append(alert)
-        if self.write_dir is not None:
-            from msmon_nb.actions import append_jsonl
-            from msmon_nb.events.runs import ALERTS
-
-            data = dict(alert.to_dict(), wall_time=time.time())
-            self._guard("writing alerts.jsonl", append_jsonl, self.write_dir / ALERTS, data)
+        self.records.alert(alert)
 
     def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
         """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
-        from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
-
         if optimizer is None:
             self._warn_once("optimizer_state none", missing_optimizer_message())
             return {}
@@ -570,8 +548,6 @@ class Monitor:
         """The scalar tags this monitor will record that are known before the first step
         (the panel builds its figure for them): the tracked core metrics, the step-time
         split of watched loops and ``Model.train``, and the system metrics."""
-        from msmon_nb.collect.values import TAGS
-
         cfg = self.config
         tags = [tag for metric, tag in TAGS.items() if cfg.tracks(metric)]
         if cfg.tracks("step_time"):
@@ -582,7 +558,9 @@ class Monitor:
             tags += SYSTEM_TAGS
         return tags
 
-    def _emit(self, step: int, values: Mapping[str, float]) -> None:
+    def emit(self, step: int, values: Mapping[str, float]) -> None:
+        """Scalars of ``step`` to the live series, every output and the rules: how the
+        ways in, the actions and ``log`` record (one path, so nothing skips the rules)."""
         if not values:
             return
         wall = time.time()

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from msmon_nb.config import CORE_METRICS, ConfigError, check_regex
+from msmon_nb.config.checks import CORE_METRICS, ConfigError, MonitorWarning, check_regex
 
 # key -> what MindFormers does with it, as the warning names it
 UNSUPPORTED = {
@@ -263,8 +263,6 @@ def warn_ignored(keys: list[str], stacklevel: int = 3) -> None:
     """One ``MonitorWarning`` naming every ignored MindFormers key."""
     if not keys:
         return
-    from msmon_nb.sinks.base import MonitorWarning  # a leaf: warnings and numpy only
-
     listed = "; ".join(f"{key} ({UNSUPPORTED.get(key, 'not mapped')})" for key in keys)
     warnings.warn(
         f"msmon: MindFormers monitor_config keys not supported yet, ignored: {listed}. "

@@ -13,16 +13,25 @@ import difflib
 import hashlib
 import json
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
-OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system")
-KNOWN_METRICS = CORE_METRICS + OPTIONAL_METRICS
-MONITOR_TYPES = ("summary", "mindinsight", "file", "mlflow", "tensorboard")
+from msmon_nb.config.alerts import resolve_settings
+from msmon_nb.config.checks import (
+    CORE_METRICS,
+    KNOWN_METRICS,
+    MONITOR_TYPES,
+    NAME_RE,
+    TAG_RULE,
+    ConfigError,
+    check_regex,
+    check_tag,
+    fail,
+)
+from msmon_nb.config.mindformers import KEYS, apply_mindformers, warn_ignored
+from msmon_nb.expr import ExpressionError, compile_expression
 
 # MindFormers monitor_config names -> ours
 ALIASES = {
@@ -33,50 +42,6 @@ ALIASES = {
     "target": "param_targets",
     "summary_dir": "save_dir",
 }
-
-TAG_RULE = (
-    "lowercase ASCII letters, digits, '_', '-' and '.', in groups separated by '/' "
-    "(e.g. 'val/f1' or 'train/tokens_per_s')"
-)
-_TAG_RE = re.compile(r"^[a-z0-9_][a-z0-9_.\-]*(/[a-z0-9_][a-z0-9_.\-]*)*$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-class ConfigError(ValueError):
-    """A monitor_config value is invalid; the message names field, value and a fix."""
-
-
-def suggest_tag(tag: str) -> str:
-    """A valid spelling close to ``tag``."""
-    ascii_only = tag.encode("ascii", "ignore").decode().lower()
-    cleaned = re.sub(r"[^a-z0-9_.\-/]+", "_", ascii_only)
-    parts = [p.strip("_") or "x" for p in cleaned.strip("/").split("/") if p]
-    return "/".join(parts) or "metric"
-
-
-def check_tag(tag: Any, field_name: str = "tag") -> str:
-    """Return ``tag`` when it follows the tag rule, else raise ``ConfigError``."""
-    if not isinstance(tag, str) or not _TAG_RE.match(tag):
-        hint = f"; did you mean {suggest_tag(tag)!r}?" if isinstance(tag, str) else ""
-        raise ConfigError(f"{field_name}={tag!r} breaks the tag rule: {TAG_RULE}{hint}")
-    return tag
-
-
-def _fail(name: str, value: Any, why: str, example: str) -> ConfigError:
-    return ConfigError(f"monitor_config.{name}={value!r}: {why}; for example {example}")
-
-
-def check_regex(
-    name: str,
-    pattern: Any,
-    example: str,
-    fail: Callable[[str, Any, str, str], ConfigError] = _fail,
-) -> None:
-    """Raise ``fail(...)`` naming ``name`` when ``pattern`` is not a valid regex."""
-    try:
-        re.compile(pattern)
-    except (re.error, TypeError) as exc:
-        raise fail(name, pattern, f"is not a valid regex ({exc})", example) from exc
 
 
 @dataclass
@@ -124,8 +89,6 @@ class MonitorConfig:
         MindFormers' ``TrainingStateMonitor`` keys are mapped (``config_mindformers``);
         those we do not support yet are named in one ``MonitorWarning`` and ignored.
         """
-        from msmon_nb.config_mindformers import KEYS, apply_mindformers, warn_ignored
-
         if not isinstance(data, Mapping):
             raise ConfigError(
                 f"monitor_config must be a mapping of field names to values, got "
@@ -248,15 +211,15 @@ class MonitorConfig:
         for name in ("enable_monitor", "use_callback", "verbose"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise _fail(name, value, "must be true or false", f"{name}: true")
+                raise fail(name, value, "must be true or false", f"{name}: true")
         kinds = [self.monitor_type] if isinstance(self.monitor_type, str) else self.monitor_type
         if not isinstance(kinds, list | tuple) or not kinds:
-            raise _fail("monitor_type", self.monitor_type, "must be a name or a list", "'summary'")
+            raise fail("monitor_type", self.monitor_type, "must be a name or a list", "'summary'")
         for kind in kinds:
             if kind not in MONITOR_TYPES:
                 close = difflib.get_close_matches(str(kind), MONITOR_TYPES, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise _fail(
+                raise fail(
                     "monitor_type",
                     kind,
                     f"unknown type{hint}; use one of {MONITOR_TYPES}",
@@ -264,9 +227,9 @@ class MonitorConfig:
                 )
         li = self.log_interval
         if isinstance(li, bool) or not isinstance(li, int) or li <= 0:
-            raise _fail("log_interval", li, "must be a whole number >= 1", "log_interval: 10")
+            raise fail("log_interval", li, "must be a whole number >= 1", "log_interval: 10")
         if not isinstance(self.track_metrics, list | tuple) or isinstance(self.track_metrics, str):
-            raise _fail(
+            raise fail(
                 "track_metrics", self.track_metrics, "must be a list", "['loss', 'grad_norm']"
             )
         for metric in self.track_metrics:
@@ -277,7 +240,7 @@ class MonitorConfig:
                 continue
             close = difflib.get_close_matches(str(metric), KNOWN_METRICS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _fail(
+            raise fail(
                 "track_metrics",
                 metric,
                 f"unknown metric{hint}; known: {', '.join(KNOWN_METRICS)}, or a tag you log "
@@ -289,32 +252,30 @@ class MonitorConfig:
             value = getattr(self, name)
             if value is None and name != "project_name":
                 continue
-            if not isinstance(value, str) or not _NAME_RE.match(value):
-                raise _fail(
+            if not isinstance(value, str) or not NAME_RE.match(value):
+                raise fail(
                     name,
                     value,
                     "must be ASCII letters, digits, '_', '-' or '.', with no spaces or '/'",
                     f"{name}: 'gpt2_finetune-01'",
                 )
         if not isinstance(self.param_targets, list | tuple) or isinstance(self.param_targets, str):
-            raise _fail(
-                "param_targets", self.param_targets, "must be a list of regexes", "['fc.*']"
-            )
+            raise fail("param_targets", self.param_targets, "must be a list of regexes", "['fc.*']")
         for pattern in self.param_targets:
             check_regex("param_targets", pattern, "['layers\\\\.0\\\\..*']")
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
-            raise _fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")
+            raise fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")
         mfs = self.max_file_size
         if mfs is not None and (isinstance(mfs, bool) or not isinstance(mfs, int) or mfs < 4096):
-            raise _fail(
+            raise fail(
                 "max_file_size", mfs, "must be bytes >= 4096 or null", "max_file_size: 268435456"
             )
         tb = self.throughput_baseline
         if tb is not None and (
             isinstance(tb, bool) or not isinstance(tb, int | float) or not 0 < tb < math.inf
         ):
-            raise _fail(
+            raise fail(
                 "throughput_baseline",
                 tb,
                 "must be samples/s per device > 0, or null (YAML reads 1e3 without a dot "
@@ -325,7 +286,7 @@ class MonitorConfig:
         if ob is not None and (
             isinstance(ob, bool) or not isinstance(ob, int | float) or not 0 < ob < 1
         ):
-            raise _fail(
+            raise fail(
                 "overhead_budget",
                 ob,
                 "must be a share of step time in (0, 1), or null (off)",
@@ -333,15 +294,13 @@ class MonitorConfig:
             )
         fs = self.flush_secs
         if isinstance(fs, bool) or not isinstance(fs, int | float) or not 0 < fs <= 1:
-            raise _fail("flush_secs", fs, "must be seconds in (0, 1]", "flush_secs: 1.0")
+            raise fail("flush_secs", fs, "must be seconds in (0, 1]", "flush_secs: 1.0")
         for name in ("alerts", "snapshot"):
             if not isinstance(getattr(self, name), dict):
-                raise _fail(name, getattr(self, name), "must be a mapping", f"{name}: {{}}")
+                raise fail(name, getattr(self, name), "must be a mapping", f"{name}: {{}}")
         if self.break_on is not None:
-            from msmon_nb.expr import ExpressionError, compile_expression
-
             if not isinstance(self.break_on, str):
-                raise _fail(
+                raise fail(
                     "break_on", self.break_on, "must be an expression string", "'grad_norm > 1e4'"
                 )
             try:
@@ -350,8 +309,6 @@ class MonitorConfig:
                 raise ConfigError(f"monitor_config.{exc}") from None
         self._check_snapshot()
         if self.alerts:
-            from msmon_nb.diagnose.settings import resolve_settings
-
             resolve_settings(self.alerts)
 
     def _check_snapshot(self) -> None:
@@ -361,7 +318,7 @@ class MonitorConfig:
             if key not in known:
                 close = difflib.get_close_matches(str(key), list(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise _fail(
+                raise fail(
                     f"snapshot.{key}",
                     value,
                     f"unknown key{hint}",
@@ -369,37 +326,37 @@ class MonitorConfig:
                 )
         on = snap.get("on", "never")
         if on not in ("never", "alert"):
-            raise _fail("snapshot.on", on, "must be 'alert' or 'never'", "snapshot: {on: alert}")
+            raise fail("snapshot.on", on, "must be 'alert' or 'never'", "snapshot: {on: alert}")
         for key in ("keep", "max_raw"):
             value = snap.get(key)
             minimum = 1 if key == "keep" else 0
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < minimum
             ):
-                raise _fail(
+                raise fail(
                     f"snapshot.{key}", value, f"must be a whole number >= {minimum}", f"{key}: 20"
                 )
         targets = snap.get("targets")
         if targets is not None:
             if not isinstance(targets, list):
-                raise _fail("snapshot.targets", targets, "must be a list of regexes", "['fc.*']")
+                raise fail("snapshot.targets", targets, "must be a list of regexes", "['fc.*']")
             for pattern in targets:
                 check_regex("snapshot.targets", pattern, "['fc.*']")
 
     def _check_save_dir(self) -> None:
         value = self.save_dir
         if not isinstance(value, str | Path) or not str(value).strip():
-            raise _fail("save_dir", value, "must be a directory path", "save_dir: ./summary")
+            raise fail("save_dir", value, "must be a directory path", "save_dir: ./summary")
         text = str(value)
         if not text.isascii():
-            raise _fail(
+            raise fail(
                 "save_dir",
                 text,
                 "holds non-ASCII characters, which some summary viewers cannot load",
                 "save_dir: ./summary",
             )
         if any(ch.isspace() for ch in text):
-            raise _fail(
+            raise fail(
                 "save_dir",
                 text,
                 "holds whitespace, which some summary viewers mishandle",

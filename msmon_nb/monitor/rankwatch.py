@@ -1,11 +1,11 @@
 """Cross-rank checks during a distributed job, without a collective and without the GIL.
 
-The cross-rank rules (``diagnose/ranks.py``) compare every rank's records. An
+The cross-rank rules (``diagnose/rankrules.py``) compare every rank's records. An
 all-gather in the training step would put monitoring on the job's critical path, and a
 thread inside rank 0 is no better: when a rank dies, the others hang inside the
 all-reduce holding the GIL, so an in-process checker never runs again (checked with a
 real ``msrun`` job). Rank 0 therefore starts a small watcher *process*
-(``python -m msmon_nb.rankwatch RUN_DIR ALERTS_FILE PID``, no MindSpore import) that
+(``python -m msmon_nb.monitor.rankwatch RUN_DIR ALERTS_FILE PID``, no MindSpore import) that
 every ``INTERVAL`` seconds reads what the ranks appended and records each new
 cross-rank alert once in ``rank_0/alerts.jsonl`` with ``"cross_rank": true``, where
 ``load_run(...).alerts``, ``msmon runs`` and the viewer find it. The watcher lives in its
@@ -17,7 +17,6 @@ A failure is warned about once; training goes on.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -26,6 +25,12 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.rankrules import alert_key, rank_alerts
+from msmon_nb.events.runs import Run
+from msmon_nb.monitor.records import RunRecords
+from msmon_nb.rundir import ALERTS, pid_alive, read_jsonl
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -40,34 +45,15 @@ class CrossRankRecorder:
     kind and rank; per onset too for kinds that recur, ``diagnose.ranks.alert_key``)."""
 
     def __init__(self, run_dir: Path, alerts_file: Path) -> None:
-        from msmon_nb.events.runs import Run
-
         self.run = Run(run_dir)
         self.alerts_file = alerts_file
 
     def _recorded(self) -> set[tuple[Any, ...]]:
         """What is already in the file: another recorder (process) may have written it."""
-        from msmon_nb.diagnose.ranks import alert_key
-
-        seen = set()
-        try:
-            with open(self.alerts_file, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        item = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(item, dict) and item.get("cross_rank"):
-                        seen.add(alert_key(item))
-        except FileNotFoundError:
-            pass
-        return seen
+        return {alert_key(item) for item in read_jsonl(self.alerts_file) if item.get("cross_rank")}
 
     def check(self) -> list[Any]:
         """Read what the ranks appended, run the rules; the alerts recorded just now."""
-        from msmon_nb.actions import append_jsonl
-        from msmon_nb.diagnose.ranks import alert_key, rank_alerts
-
         self.run.refresh()
         seen = self._recorded()
         new = []
@@ -75,9 +61,7 @@ class CrossRankRecorder:
             if alert_key(alert) in seen:
                 continue
             seen.add(alert_key(alert))
-            append_jsonl(
-                self.alerts_file, dict(alert.to_dict(), wall_time=time.time(), cross_rank=True)
-            )
+            RunRecords(self.alerts_file.parent).alert(alert, cross_rank=True)
             new.append(alert)
         return new
 
@@ -93,12 +77,10 @@ class RankWatcher:
         """Start the watcher process (warn once and go on if it cannot start)."""
         mon = self.monitor
         assert mon.run_dir is not None and mon.write_dir is not None
-        from msmon_nb.events.runs import ALERTS
-
         cmd = [
             sys.executable,
             "-m",
-            "msmon_nb.rankwatch",
+            "msmon_nb.monitor.rankwatch",
             str(mon.run_dir),
             str(mon.write_dir / ALERTS),
             str(os.getpid()),
@@ -127,8 +109,6 @@ class RankWatcher:
         mon = self.monitor
         if mon.run_dir is None or mon.write_dir is None:
             return
-        from msmon_nb.events.runs import ALERTS
-
         recorder = CrossRankRecorder(mon.run_dir, mon.write_dir / ALERTS)
         found = mon.guard("cross-rank checks", recorder.check) or []
         for alert in found:
@@ -137,9 +117,6 @@ class RankWatcher:
 
     def _watcher_found(self, recorder: CrossRankRecorder, found: list[Any]) -> list[Any]:
         """Every cross-rank alert of the run as ``Alert``s (the watcher's and ``found``)."""
-        from msmon_nb.diagnose.alert import Alert
-        from msmon_nb.diagnose.ranks import alert_key
-
         have = {alert_key(a) for a in self.monitor.alerts}
         out = []
         for item in recorder.run.alerts:
@@ -152,16 +129,14 @@ class RankWatcher:
 def _child_env() -> dict[str, str]:
     """The watcher needs msmon_nb importable however rank 0 found it (e.g. a checkout)."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the dir holding msmon_nb/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
 
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a killed rank stays a zombie until msrun reaps it)."""
-    from msmon_nb.events.runs import _pid_alive
-
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:

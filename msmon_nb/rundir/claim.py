@@ -1,25 +1,18 @@
-"""Run directories: unique names, the ``msmon_run.json`` marker, the config backup.
+"""Claiming run directories: unique names, rank dirs, the config backup.
 
 A run dir is claimed with ``os.mkdir`` (atomic), so two processes asking for the same
 name never share a directory: the second gets ``<name>.2``, ``<name>.3`` ...
-The marker is replaced atomically (write + rename), so readers never see half a file.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import shutil
-import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from msmon_nb.events.runs import MARKER, read_marker_file
-
-CONFIG_BACKUP = "config_backup"
+from msmon_nb.rundir.layout import CONFIG_BACKUP
 
 
 def default_run_name(model: str | None = None, now: float | None = None) -> str:
@@ -61,50 +54,6 @@ def claim_rank_dir(save_dir: str | os.PathLike[str], name: str, rank: int) -> tu
             return run_dir, rank_dir
         except FileExistsError:
             n += 1
-
-
-def environment() -> dict[str, Any]:
-    """Versions and host facts recorded with every run (the seed's self-check)."""
-    from msmon_nb import __version__
-
-    info: dict[str, Any] = {
-        "msmon_nb": __version__,
-        "python": platform.python_version(),
-        "executable": sys.executable,
-        "platform": platform.platform(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-    }
-    ms = sys.modules.get("mindspore")
-    if ms is not None:
-        info["mindspore"] = getattr(ms, "__version__", "unknown")
-        try:
-            info["device"] = ms.get_context("device_target")
-        except (RuntimeError, ValueError, AttributeError):
-            info["device"] = "unknown"
-    np_mod = sys.modules.get("numpy")
-    if np_mod is not None:
-        info["numpy"] = np_mod.__version__
-    from msmon_nb.doctor import quick_facts  # the cheap part of `msmon doctor`
-
-    info.update(quick_facts())
-    return info
-
-
-def write_marker(run_dir: Path, data: dict[str, Any]) -> None:
-    """Atomically replace ``run_dir/msmon_run.json`` with ``data``."""
-    tmp = run_dir / f".{MARKER}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-        tmp.replace(run_dir / MARKER)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_marker(run_dir: Path) -> dict[str, Any] | None:
-    """The marker of ``run_dir``, or None."""
-    return read_marker_file(run_dir / MARKER)
 
 
 def backup_config(run_dir: Path, config: dict[str, Any], source: str | None) -> Path:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from msmon_nb.config import TAG_RULE, ConfigError, check_tag, suggest_tag
+from msmon_nb.config.checks import TAG_RULE, ConfigError, check_tag, suggest_tag
 
 ACTIONS = ("warn", "snapshot", "stop", "debug", "skip")
 DEFAULT_ACTION = "warn"

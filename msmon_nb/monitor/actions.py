@@ -16,9 +16,9 @@ each step whether the gate held an update back, and turns each skip into an aler
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import pdb
 import sys
 import time
 from pathlib import Path
@@ -33,8 +33,11 @@ from msmon_nb.collect.snapshot import (
     params_and_grads,
     summarize,
 )
-from msmon_nb.diagnose.base import TINY
-from msmon_nb.events.runs import ALERTS, SNAPSHOTS
+from msmon_nb.config.alerts import SKIP_KINDS
+from msmon_nb.diagnose import Diagnoser
+from msmon_nb.diagnose.alert import Alert, fmt
+from msmon_nb.diagnose.rules import SEVERITY
+from msmon_nb.expr import compile_expression
 
 SKIPPED_TAG = "train/skipped_steps"
 
@@ -43,22 +46,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("msmon_nb")
 
-_PACKAGE_DIRS = (str(Path(__file__).resolve().parent),)
-
-
-def append_jsonl(path: Path, item: dict[str, Any]) -> None:
-    """Append one JSON line (written whole, so readers never see half an object)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(item, default=float) + "\n")
+_PACKAGE_DIRS = (str(Path(__file__).resolve().parents[1]),)  # msmon_nb/
 
 
 class Actions:
     """Diagnosis, break_on and snapshots for one Monitor (see module docstring)."""
 
     def __init__(self, monitor: Monitor) -> None:
-        from msmon_nb.diagnose import Diagnoser
-        from msmon_nb.expr import compile_expression
-
         cfg = monitor.config
         self.monitor = monitor
         rank = monitor.ranks.rank if monitor.ranks.distributed else None
@@ -75,8 +69,6 @@ class Actions:
         self.last_params: list | None = None
         self.last_grads: Any = None
         self.pending_debug: str | None = None
-        from msmon_nb.diagnose.settings import SKIP_KINDS
-
         settings = self.diagnoser.settings
         off = set(settings["disabled"])
         self.skip_kinds = [
@@ -139,43 +131,26 @@ class Actions:
             self.refresh_limits()
         return self.gate
 
-    def _rule(self, kind: str) -> Any:
-        tag = self.diagnoser.settings[kind]["tag"]
-        for name, rule in self.diagnoser._routes.get(tag, ([], None))[0]:
-            if name == kind:
-                return rule
-        return None
-
     def limits(self) -> tuple[float, float]:
         """(grad_norm limit, loss limit) for the next step, from the rules' state.
 
-        grad_explosion: min(skip_above, ceiling, factor x the running median of the last
-        ``window`` grad norms, once ``min_history`` were seen; that last term only with
-        ``skip_relative``). loss_spike: the bar its
-        rule would judge the next loss by (median + the largest of tail x (q90 - median),
-        rel x |median| and hold x the decayed peak excess). Without history: +inf, so
-        only skip_above and the ceiling act at the start of a run.
+        grad_explosion: min(skip_above, ceiling, and -- with ``skip_relative`` -- the
+        rule's own ``limit()``: factor x the running median of the last grad norms).
+        loss_spike: the rule's ``limit()``, the bar it would judge the next loss by.
+        Without history: +inf, so only skip_above and the ceiling act at the start.
         """
         settings = self.diagnoser.settings
         grad = loss = math.inf
         if "grad_explosion" in self.skip_kinds:
             params = settings["grad_explosion"]
             grad = min(params["skip_above"] or math.inf, params["ceiling"])
-            rule = self._rule("grad_explosion") if params["skip_relative"] else None
-            if rule is not None and len(rule.levels.win) >= rule.min_history:
-                grad = min(grad, 10.0 ** (rule.levels.win.median() + rule.log_factor))
+            rule = self.diagnoser.rule("grad_explosion") if params["skip_relative"] else None
+            if rule is not None:
+                grad = min(grad, rule.limit())
         if "loss_spike" in self.skip_kinds:
-            rule = self._rule("loss_spike")
-            if rule is not None and len(rule.levels.win) >= rule.min_history:
-                win = rule.levels.win
-                median, q90 = win.median(), win.quantile(0.9)
-                bar = max(
-                    rule.tail * (q90 - median),
-                    rule.rel * abs(median),
-                    rule.hold * rule._peak * rule._decay,
-                    TINY,
-                )
-                loss = median + bar
+            rule = self.diagnoser.rule("loss_spike")
+            if rule is not None:
+                loss = rule.limit()
         return grad, loss
 
     def refresh_limits(self) -> None:
@@ -200,17 +175,14 @@ class Actions:
         if event is None:
             self.skips_in_a_row = 0
             if collect:
-                mon._emit(step, {SKIPPED_TAG: float(self.skipped_total)})
+                mon.emit(step, {SKIPPED_TAG: float(self.skipped_total)})
             return
         self.skips_in_a_row += event.count
         self.skipped_total = event.total
-        mon._emit(step, {SKIPPED_TAG: float(self.skipped_total)})
+        mon.emit(step, {SKIPPED_TAG: float(self.skipped_total)})
         self._on_skip(step, event)
 
     def _on_skip(self, step: int, event: Any) -> None:
-        from msmon_nb.diagnose.alert import Alert, fmt
-        from msmon_nb.diagnose.rules import SEVERITY
-
         settings = self.diagnoser.settings
         kind = event.kind
         if kind == "loss_spike":
@@ -248,11 +220,7 @@ class Actions:
         mon = self.monitor
         mon.alerts.append(alert)
         log.warning("msmon: %s", alert.message)
-        if mon.write_dir is not None:
-            data = alert.to_dict()
-            data["action"] = action
-            data["wall_time"] = time.time()
-            mon.guard("writing alerts.jsonl", append_jsonl, mon.write_dir / ALERTS, data)
+        mon.records.alert(alert, action=action)
 
     def _on_alert(self, alert: Any) -> None:
         mon = self.monitor
@@ -300,16 +268,15 @@ class Actions:
         mon = self.monitor
         wall = time.time()
         scalars = {f"snap/{it.name}/{k}": v for it in items for k, v in it.stats.items()}
-        mon._sinks.scalars(step, wall, scalars)
+        mon.outputs.scalars(step, wall, scalars)
         for item in items:
-            mon._sinks.histogram(step, wall, f"snap/{item.name}/hist", item.hist)
+            mon.outputs.histogram(step, wall, f"snap/{item.name}/hist", item.hist)
             if item.raw is not None:
-                mon._sinks.tensor(step, wall, f"snap/{item.name}/value", item.raw)
-            if mon.write_dir is not None:
-                entry = dict(
-                    item.to_dict(), step=step, reason=reason, wall_time=wall, rank=mon.ranks.rank
-                )
-                mon.guard("writing snapshots.jsonl", append_jsonl, mon.write_dir / SNAPSHOTS, entry)
+                mon.outputs.tensor(step, wall, f"snap/{item.name}/value", item.raw)
+            entry = dict(
+                item.to_dict(), step=step, reason=reason, wall_time=wall, rank=mon.ranks.rank
+            )
+            mon.records.snapshot(entry)
         mon.snapshots.extend(
             dict(it.to_dict(), step=step, reason=reason, histogram=it.hist) for it in items
         )
@@ -363,6 +330,4 @@ def open_debugger(reason: str, frame: Any) -> None:
 
         Pdb().set_trace(frame)
         return
-    import pdb
-
     pdb.Pdb().set_trace(frame)

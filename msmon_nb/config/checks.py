@@ -1,0 +1,66 @@
+"""What every part of the configuration shares: the metric and output names, the tag
+rule, the error a bad value raises and the warning a monitoring failure gives.
+
+A leaf (standard library only): ``config.model``, ``config.alerts``,
+``config.mindformers`` and every room that checks a tag or raises ``ConfigError`` import
+it without pulling the rest of the configuration in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
+OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system")
+KNOWN_METRICS = CORE_METRICS + OPTIONAL_METRICS
+MONITOR_TYPES = ("summary", "mindinsight", "file", "mlflow", "tensorboard")
+
+TAG_RULE = (
+    "lowercase ASCII letters, digits, '_', '-' and '.', in groups separated by '/' "
+    "(e.g. 'val/f1' or 'train/tokens_per_s')"
+)
+TAG_RE = re.compile(r"^[a-z0-9_][a-z0-9_.\-]*(/[a-z0-9_][a-z0-9_.\-]*)*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class ConfigError(ValueError):
+    """A monitor_config value is invalid; the message names field, value and a fix."""
+
+
+def suggest_tag(tag: str) -> str:
+    """A valid spelling close to ``tag``."""
+    ascii_only = tag.encode("ascii", "ignore").decode().lower()
+    cleaned = re.sub(r"[^a-z0-9_.\-/]+", "_", ascii_only)
+    parts = [p.strip("_") or "x" for p in cleaned.strip("/").split("/") if p]
+    return "/".join(parts) or "metric"
+
+
+def check_tag(tag: Any, field_name: str = "tag") -> str:
+    """Return ``tag`` when it follows the tag rule, else raise ``ConfigError``."""
+    if not isinstance(tag, str) or not TAG_RE.match(tag):
+        hint = f"; did you mean {suggest_tag(tag)!r}?" if isinstance(tag, str) else ""
+        raise ConfigError(f"{field_name}={tag!r} breaks the tag rule: {TAG_RULE}{hint}")
+    return tag
+
+
+def fail(name: str, value: Any, why: str, example: str) -> ConfigError:
+    return ConfigError(f"monitor_config.{name}={value!r}: {why}; for example {example}")
+
+
+def check_regex(
+    name: str,
+    pattern: Any,
+    example: str,
+    fail: Callable[[str, Any, str, str], ConfigError] = fail,
+) -> None:
+    """Raise ``fail(...)`` naming ``name`` when ``pattern`` is not a valid regex."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise fail(name, pattern, f"is not a valid regex ({exc})", example) from exc
+
+
+class MonitorWarning(UserWarning):
+    """Something in monitoring failed; training continues without it."""

@@ -1,0 +1,261 @@
+"""What a run directory holds, and the one rule for a run's status.
+
+The run-dir layout in one place (docs/ARCHITECTURE.md, "Run layout"): the names of the files a run
+dir holds, the ``rank_<k>`` dirs of a distributed run, how summary files are recognised
+and ordered, the ``msmon_run.json`` marker (read, atomic write), JSON-lines files
+(append, read), whether a writer process is alive, and the status of a run. The loader
+(``events.runs``), the fast listing (``events.index``), the cleaner, the monitor and the
+viewer all ask here, so they cannot disagree. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+MARKER = "msmon_run.json"
+ALERTS = "alerts.jsonl"  # one JSON object per alert, appended by the monitor
+SNAPSHOTS = "snapshots.jsonl"  # one JSON object per tensor snapshot (its data is in the events)
+CONFIG_BACKUP = "config_backup"
+SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
+RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+RECENT_SECS = 60.0  # a run without a live marker is running if it wrote this recently
+REMOTE_RECENT_SECS = 600.0  # ... if its marker says running on another host
+STATUSES = ("running", "finished", "stopped", "interrupted")
+
+
+def is_summary_file(name: str) -> bool:
+    """True for MindSpore summary file names (``_lineage`` files excluded)."""
+    return bool(SUMMARY_RE.search(name)) and not name.endswith("_lineage")
+
+
+def summary_file_key(path: Path) -> tuple[int, str]:
+    """Sort key of a summary file: its creation timestamp, then its name."""
+    match = SUMMARY_RE.search(path.name)
+    return (int(match.group(1)) if match else 0, path.name)
+
+
+def summary_file_rank(path: Path) -> int:
+    """The rank in a summary file's name (``summary.<secs>.<rank>``), 0 when absent."""
+    match = SUMMARY_RE.search(path.name)
+    return int(match.group(2)) if match and match.group(2) is not None else 0
+
+
+def rank_of_dir(name: str) -> int | None:
+    """``k`` for a dir named ``rank_<k>``, else None."""
+    match = RANK_DIR_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def run_files(path: Path) -> list[tuple[Path, int]]:
+    """Summary files of the run at ``path`` (its ``rank_<k>/`` dirs included) with ranks."""
+    found: list[tuple[Path, int]] = []
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.is_file() and is_summary_file(entry.name):
+            found.append((Path(entry.path), summary_file_rank(Path(entry.path))))
+        elif entry.is_dir(follow_symlinks=False) and (rank := rank_of_dir(entry.name)) is not None:
+            try:
+                for sub in os.scandir(entry.path):
+                    if sub.is_file() and is_summary_file(sub.name):
+                        found.append((Path(sub.path), rank))
+            except OSError:
+                continue
+    return found
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` holds a marker, summary files, or rank_<k> dirs with them."""
+    p = Path(path)
+    if (p / MARKER).is_file() or run_files(p):
+        return True
+    # a distributed job whose ranks have written their markers but no records yet (a dir
+    # merely named rank_<k> holding a one-process run stays a run of its own)
+    for sub in p.glob("rank_*"):
+        if rank_of_dir(sub.name) is not None:
+            marker = read_marker_file(sub / MARKER)
+            if marker is not None and int(marker.get("ranks", 0) or 0) > 1:
+                return True
+    return False
+
+
+def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:
+    """Run dirs under ``base`` (``base`` itself included), not descending into runs."""
+    found: list[Path] = []
+
+    def walk(path: Path, depth: int) -> None:
+        if is_run_dir(path):
+            found.append(path)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return
+        for child in children:
+            walk(Path(child), depth + 1)
+
+    walk(Path(base), 0)
+    return found
+
+
+# --- the marker -----------------------------------------------------------------------
+
+
+def read_marker_file(path: Path) -> dict[str, Any] | None:
+    """A marker's content, or None when missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    """The marker of ``run_dir``, or None."""
+    return read_marker_file(run_dir / MARKER)
+
+
+def write_marker(run_dir: Path, data: dict[str, Any]) -> None:
+    """Atomically replace ``run_dir/msmon_run.json`` with ``data`` (write + rename, so
+    readers never see half a file)."""
+    tmp = run_dir / f".{MARKER}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+        tmp.replace(run_dir / MARKER)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def rank_markers(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank -> the marker of ``rank_<k>/`` (distributed runs written by us)."""
+    out = {}
+    for path in sorted(run_dir.glob(f"rank_*/{MARKER}")):
+        rank = rank_of_dir(path.parent.name)
+        marker = read_marker_file(path)
+        if rank is not None and marker is not None:
+            out[rank] = marker
+    return out
+
+
+# --- JSON lines -----------------------------------------------------------------------
+
+
+def append_jsonl(path: Path, item: dict[str, Any]) -> None:
+    """Append one JSON line (written whole, so readers never see half an object)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(item, default=float) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file; a torn last line (still being written) is skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def read_run_jsonl(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``."""
+    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
+    return [item for path in paths for item in read_jsonl(path)]
+
+
+# --- liveness and status ----------------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def marker_alive(marker: dict | None) -> bool:
+    """True when the marker says running and its pid lives on this host."""
+    if not marker or marker.get("status") != "running":
+        return False
+    if marker.get("host") != socket.gethostname() or not marker.get("pid"):
+        return False
+    try:
+        return pid_alive(int(marker["pid"]))
+    except (TypeError, ValueError):
+        return False
+
+
+def readonly(path: Path) -> bool:
+    """True for a file nobody may write any more (``SummaryRecord`` leaves 0400 files)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (mode & 0o222) or not os.access(path, os.W_OK)
+
+
+def last_write(files: Iterable[Path]) -> float | None:
+    """The newest modification time of ``files``, or None."""
+    times = []
+    for path in files:
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(times) if times else None
+
+
+def run_status(
+    marker: dict | None,
+    files: list[Path],
+    written: float | None = None,
+    now: float | None = None,
+) -> str:
+    """running, finished, stopped or interrupted: the one rule for a run (or one rank).
+
+    A marker that says how the run ended is believed. A marker that says running is
+    checked: its pid on this host, else a write in the last ``REMOTE_RECENT_SECS``. Without
+    a marker (MindSpore's own runs): all files read-only means finished, a write in the
+    last ``RECENT_SECS`` running, else interrupted. ``written``: the newest write among
+    ``files`` when the caller knows it (else it is read from the files).
+    """
+    if marker and marker.get("status") in ("finished", "stopped", "interrupted"):
+        return str(marker["status"])
+    if written is None:
+        written = last_write(files)
+    age = (time.time() if now is None else now) - written if written is not None else None
+    if marker and marker.get("status") == "running":
+        if marker.get("host") == socket.gethostname() and marker.get("pid"):
+            return "running" if marker_alive(marker) else "interrupted"
+        return "running" if age is not None and age < REMOTE_RECENT_SECS else "interrupted"
+    if files and all(readonly(f) for f in files):
+        return "finished"
+    return "running" if age is not None and age < RECENT_SECS else "interrupted"
+
+
+def combined_status(by_rank: Iterable[str]) -> str:
+    """A distributed run's status: the most alarming of its ranks'."""
+    statuses = set(by_rank)
+    return next((s for s in ("running", "interrupted", "stopped") if s in statuses), "finished")
