@@ -121,6 +121,32 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return clean_main(args)
 
 
+def cmd_ctl(args: argparse.Namespace) -> int:
+    """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir."""
+    from msmon_nb.rundir.control import ControlError, send, wait_for_ack
+
+    run_dir = Path(args.run_dir)
+    try:
+        command = send(run_dir, args.cmd, args.arg)
+    except ControlError as exc:
+        print(f"msmon ctl: {exc}", file=sys.stderr)
+        return 1
+    got = wait_for_ack(run_dir, command, timeout=args.timeout)
+    if not got:
+        print(
+            f"msmon ctl: {command.describe()} was not acknowledged within {args.timeout:g} s; "
+            "the monitor reads commands at step boundaries, so a long step (a first graph "
+            "compile, an evaluation) delays it: the command stays queued, or wait longer "
+            "with --timeout",
+            file=sys.stderr,
+        )
+        return 1
+    for ack in got:
+        state = "ok" if ack.get("ok") else "failed"
+        print(f"rank {ack.get('rank')}, step {ack.get('step')}: {state}: {ack.get('message')}")
+    return 0 if all(a.get("ok") for a in got) else 1
+
+
 def cmd_vscode_init(args: argparse.Namespace) -> int:
     """Copy msmon's VSCode tasks, launch configs and settings into a project."""
     from msmon_nb.vscode_init import init
@@ -148,6 +174,13 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
     display = args.display_name or f"Python (msmon_nb, {Path(sys.prefix).name})"
     path = install(user=True, kernel_name=args.name, display_name=display)
     print(f"installed kernel {args.name!r} ({display}) for {sys.executable} in {path}")
+    from msmon_nb.doctor import WARN, check_vscode_widgets
+
+    widgets = check_vscode_widgets()
+    if widgets.status == WARN:
+        print(f"warning: {widgets.detail}\n  fix: {widgets.fix}")
+    else:
+        print(f"VS Code finds the panel's widget code in {widgets.value}")
     return 0
 
 
@@ -203,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="do not ask before deleting")
     p.add_argument("--force", action="store_true", help="also delete runs still being written")
     p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser(
+        "ctl",
+        help="pause, resume, stop, change the collection frequency or snapshot a live run",
+        description="Act on the live monitor that owns RUN_DIR at its next step boundary (as "
+        "the panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
+        "scripts). Exits 0 once the monitor acknowledges, 1 when no live monitor owns RUN_DIR.",
+    )
+    p.add_argument("run_dir", help="the run dir, as the panel's footer shows it")
+    p.add_argument("cmd", choices=("pause", "resume", "stop", "freq", "snapshot"))
+    p.add_argument("arg", nargs="?", help="for freq: collect every N steps")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement"
+    )
+    p.set_defaults(func=cmd_ctl)
 
     p = sub.add_parser("vscode", help="VSCode integration")
     vsub = p.add_subparsers(dest="vscode_command", required=True)

@@ -418,6 +418,28 @@ def check_ipywidgets() -> Check:
     )
 
 
+def check_vscode_widgets(prefix: str | os.PathLike[str] | None = None) -> Check:
+    """anywidget's front end where VS Code's notebooks look for it: the kernel
+    environment's ``share/jupyter/nbextensions/anywidget/`` (installed with the anywidget
+    wheel's data files; a copy that lost them, or a ``--target`` install, has none, and
+    VS Code then tries a CDN, which fails offline)."""
+    root = Path(prefix if prefix is not None else sys.prefix) / "share" / "jupyter"
+    found = root / "nbextensions" / "anywidget"
+    files = sorted(p.name for p in found.glob("*.js")) if found.is_dir() else []
+    facts = {"path": str(found), "files": files}
+    if "index.js" in files or "extension.js" in files:
+        return Check("vscode widgets", OK, str(found), facts=facts)
+    return Check(
+        "vscode widgets",
+        WARN,
+        "anywidget's front end missing",
+        f"VS Code loads the panel's widget code from {found} (nothing there): without it "
+        "it tries a CDN, which fails offline",
+        "pip install --force-reinstall --no-deps anywidget",
+        facts,
+    )
+
+
 def check_ipykernel() -> Check:
     return _package_check(
         "ipykernel",
@@ -647,6 +669,7 @@ def run_doctor(
         _guarded("ipykernel", check_ipykernel),
         _guarded("jupyterlab", check_jupyterlab),
         _guarded("jupyter kernel", check_kernel),
+        _guarded("vscode widgets", check_vscode_widgets),
         _guarded("vscode settings", lambda: check_vscode(project)),
     ]
     try:

@@ -328,6 +328,16 @@ def open_debugger(reason: str, frame: Any) -> None:
     if shell is not None and getattr(shell, "kernel", None) is not None:
         from IPython.core.debugger import Pdb
 
-        Pdb().set_trace(frame)
+        _stop_in(Pdb(), frame)
         return
-    pdb.Pdb().set_trace(frame)
+    _stop_in(pdb.Pdb(), frame)
+
+
+def _stop_in(debugger: Any, frame: Any) -> None:
+    """Stop at the next line of ``frame``. ``set_trace`` alone steps to the next line run
+    anywhere: one in the boundary's remaining work (a control-file poll, the stat under
+    it, a panel hook) would open the debugger there instead of in the user's loop."""
+    # set_trace's last call, before tracing begins; the del is a statement, not a traced call
+    debugger.set_step = lambda: debugger.set_next(frame)
+    debugger.set_trace(frame)
+    del debugger.set_step  # 's' in the session steps as usual

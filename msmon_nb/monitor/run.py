@@ -48,6 +48,7 @@ from msmon_nb.rundir import (
     environment,
     write_marker,
 )
+from msmon_nb.rundir.control import ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
 from msmon_nb.sinks.factory import make_sinks
@@ -128,6 +129,7 @@ class Monitor:
         self._stopped = False
         self._sinks = Fanout([])
         self.records = RunRecords(None, self._guard)  # alerts/snapshots.jsonl (none yet)
+        self._control: ControlReader | None = None  # msmon ctl commands (rundir.control)
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
         self._warned: set[str] = set()
         self._marker: dict[str, Any] = {}
@@ -198,6 +200,7 @@ class Monitor:
         write_marker(self.write_dir, self._marker)
         self._sinks = make_sinks(cfg.sink_types, self.write_dir, rank=ranks.rank, config=cfg)
         self.records = RunRecords(self.write_dir, self._guard)
+        self._control = ControlReader(self.run_dir, ranks.rank)
         if ranks.distributed and ranks.rank == 0:
             self._rankwatch = RankWatcher(self).start()
         if ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
@@ -573,9 +576,14 @@ class Monitor:
         """Run the step-boundary controls; returns True when the loop must stop."""
         if self._actions is not None and self._actions.pending_debug is not None:
             self._actions.at_boundary()  # a debugger session is the user's: not guarded
+        control = self._control
+        if control is not None and control.due(time.monotonic()):  # ~0.1 us between polls
+            self._guard("reading msmon ctl commands", self._obey)
         for hook in list(self._boundary_hooks):
             self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
         while self.paused and not self._stop_requested:
+            if control is not None and control.due(time.monotonic()):
+                self._guard("reading msmon ctl commands", self._obey)
             for hook in list(self._boundary_hooks):
                 self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
             time.sleep(0.05)
@@ -587,6 +595,39 @@ class Monitor:
                 raise StopTraining(f"msmon: stopped at step {self.last_step}{why}")
             return True
         return False
+
+    def _obey(self) -> None:
+        """Apply the commands ``msmon ctl`` or the viewer appended to the run's control
+        file (``rundir.control``), each acknowledged in the run dir."""
+        assert self._control is not None
+        for command in self._control.read():
+            ok, message = True, ""
+            try:
+                message = self.command(command.cmd, command.arg, source=command.source)
+            except (ConfigError, ValueError) as exc:
+                ok, message = False, str(exc)
+            self._control.ack(command, self.last_step, ok, message)
+
+    def command(self, cmd: str, arg: int | None = None, source: str = "") -> str:
+        """Act on one control command (``pause``, ``resume``, ``stop``, ``freq N``,
+        ``snapshot``) as the panel's buttons do; returns what was done."""
+        by = f" ({source})" if source else ""
+        if cmd == "pause":
+            self.pause()
+            return f"paused at step {self.last_step}"
+        if cmd == "resume":
+            self.resume()
+            return "resumed"
+        if cmd == "stop":
+            self.stop(reason=f"stop requested{by}")
+            return "stopping at the next step boundary"
+        if cmd == "freq" and arg is not None:
+            self.set_collect_freq(int(arg))
+            return f"collecting every {arg} steps"
+        if cmd == "snapshot":
+            taken = self.snapshot(reason=f"ctl{by}")
+            return f"snapshot of {len(taken)} tensors at step {self.last_step}"
+        raise ValueError(f"unknown command {cmd!r}")
 
     def _guarded_finish(self, fn: Callable[[], None], raise_stop: bool) -> None:
         try:

@@ -13,13 +13,20 @@ ends (saved notebooks, nbconvert and GitHub show it), the picture of ``mm.show(r
 and the fallback when the front end did not load our widget code: its first render says
 "hello" over the comm; without that within ``ack_timeout`` seconds of display the panel
 says so once and draws PNGs in the kernel instead, at most ``budget`` of wall time.
-The clock is injectable so tests are deterministic.
+
+VS Code holds page -> kernel messages while a cell runs, so there the hello cannot
+arrive: in a kernel VS Code started (``vscode_kernel``) there is no fallback, and until
+a hello arrives the panel also keeps its whole view in the widget's synced state
+(``keep_state``, every ``STATE_SECS``): kernel -> page updates of state do flow, and a
+view drawn at any time starts from them (``panel.js`` skips the updates the state
+already holds by their ``seq``). The clock is injectable so tests are deterministic.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from msmon_nb.notebook.charts import LOG_BY_DEFAULT, plan_charts
 from msmon_nb.notebook.snapshots_view import snapshots_html
-from msmon_nb.notebook.updates import PointStream
+from msmon_nb.notebook.updates import MAX_STATE_BYTES, Chunk, PointStream
 
 if TYPE_CHECKING:
     from msmon_nb.monitor import Monitor
@@ -35,6 +42,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACK_TIMEOUT = 3.0  # seconds without the page's hello before falling back to PNGs
+STATE_SECS = 2.0  # while no hello came, the synced state follows the run this often
+
+
+def vscode_kernel(environ: Mapping[str, str] = os.environ) -> bool:
+    """True in a Python kernel that VS Code's Jupyter extension launched: it sets
+    ``PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING`` for those (kernelEnvVarsService.node.ts)."""
+    return environ.get("PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING") == "1"
 
 
 def alert_dict(alert: Any) -> dict[str, Any]:
@@ -58,6 +72,7 @@ class Panel:
         budget: float = 0.01,
         pump_secs: float = 0.1,
         ack_timeout: float = ACK_TIMEOUT,
+        hello_held: bool | None = None,
         live: bool = True,
         threaded: bool = False,
         clock: Callable[[], float] = time.perf_counter,
@@ -68,6 +83,8 @@ class Panel:
         self.budget = budget
         self.pump_secs = pump_secs
         self.ack_timeout = ack_timeout
+        # the front end holds the page's hello while the cell runs (VS Code): no fallback
+        self.hello_held = vscode_kernel() if hello_held is None else hello_held
         self.clock = clock
         self.live = live
         self.widget = PanelWidget(self._on_page, title=title, run_dir=str(run_dir or ""), live=live)
@@ -103,6 +120,8 @@ class Panel:
         self._last_pump = -1e9
         self._next_send = 0.0
         self._next_png = 0.0
+        self._next_state = 0.0
+        self._state_charts: list[dict[str, Any]] | None = None
         self._rate_mark: tuple[float, int] | None = None
         self._rate = 0.0
         self._lock = threading.RLock()
@@ -173,7 +192,16 @@ class Panel:
                 monitor.set_collect_freq(value)
         else:
             return
+        if content.get("id") is not None:  # the page shows the msmon ctl line without it
+            self._post({"type": "ack", "id": content["id"]})
         self._next_send = 0.0  # the user waits for the answer
+
+    def _post(self, msg: dict[str, Any]) -> None:
+        """A small message to the page, in order with the updates."""
+        if self.outbox is not None:
+            self.outbox.put(msg, None)
+        else:
+            self.widget.send(msg, None)
 
     # --- step boundaries ------------------------------------------------------------------
 
@@ -194,6 +222,9 @@ class Panel:
             self._alerts = monitor.alerts
             self._snapshots = monitor.snapshots
             self.send()
+            if not self.acked and (now >= self._next_state or self._state_charts != self._charts):
+                self.keep_state()  # a view drawn now, or one whose hello is held, starts here
+                self._next_state = now + STATE_SECS
             if self.fallback and now >= self._next_png:
                 self._draw_png()
             self._next_send = now + self.refresh
@@ -202,7 +233,7 @@ class Panel:
 
     def _ack_overdue(self, now: float) -> bool:
         shown = self._displayed_at
-        if self.acked or self.fallback or shown is None:
+        if self.acked or self.fallback or self.hello_held or shown is None:
             return False
         return now - shown >= self.ack_timeout
 
@@ -261,31 +292,43 @@ class Panel:
 
     def _send(self, reset: bool) -> None:
         reset, self._must_reset = reset or self._must_reset, False
-        msg, buffers = self._message(reset)
-        if self.outbox is not None:
-            self.outbox.put(msg, buffers)
-        else:
-            self.widget.send(msg, buffers)
-        self.messages += 1
-        self.bytes_sent += sum(len(b) for b in buffers or ())
+        for msg, buffers in self._messages(reset):
+            self.messages += 1
+            msg["seq"] = self.messages  # a view that drew the synced state skips seq <= its
+            if self.outbox is not None:
+                self.outbox.put(msg, buffers)
+            else:
+                self.widget.send(msg, buffers)
+            self.bytes_sent += sum(len(b) for b in buffers or ())
+
+    def _messages(self, reset: bool) -> list[tuple[dict[str, Any], list[bytes] | None]]:
+        """The next update as messages of at most ``updates.MAX_MESSAGE_BYTES`` of points each
+        (a reset of many series is several): the first carries the status, charts,
+        alerts and snapshots, the others only points, as ``append``."""
+        msg, chunk = self._message(reset)
+        parts = chunk.split()
+        out = [(self._with_points(msg, parts[0]), [parts[0].buffer] if parts[0].keys else None)]
+        for part in parts[1:]:
+            extra = {"type": "append", "status": msg["status"]}
+            out.append((self._with_points(extra, part), [part.buffer]))
+        return out
+
+    @staticmethod
+    def _with_points(msg: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
+        return {**msg, "keys": chunk.keys, "counts": chunk.counts, "nonfinite": chunk.nonfinite}
 
     def _message(
         self, reset: bool, stream: PointStream | None = None
-    ) -> tuple[dict[str, Any], list[bytes] | None]:
-        """The next message: what is new since the last one (all of it when ``reset``)."""
+    ) -> tuple[dict[str, Any], Chunk]:
+        """The next update: what is new since the last one (all of it when ``reset``), as
+        the message's fields and its points."""
         self._charts_changed = False
         self._plan()
         stream = stream or self.stream
         if reset:
             stream.reset()
         chunk = stream.take(self._series, self._chart_keys)
-        msg: dict[str, Any] = {
-            "type": "reset" if reset else "append",
-            "status": self._status(),
-            "keys": chunk.keys,
-            "counts": chunk.counts,
-            "nonfinite": chunk.nonfinite,
-        }
+        msg: dict[str, Any] = {"type": "reset" if reset else "append", "status": self._status()}
         if reset or self._charts_changed:
             msg["charts"] = self._charts
         if reset or len(self._alerts) != self._alerts_sent:
@@ -294,16 +337,27 @@ class Panel:
         if reset or len(self._snapshots) != self._snapshots_sent:
             self._snapshots_sent = len(self._snapshots)
             msg["snapshots_html"] = snapshots_html(self._snapshots) if self._snapshots else ""
-        return msg, [chunk.buffer] if chunk.keys else None
+        return msg, chunk
 
     def keep_state(self) -> None:
         """Store the whole panel in the widget's synced state, so a view that renders
-        later (a reopened notebook, a second view, a kernel busy in another cell) draws it
-        at once, without asking the kernel."""
+        later (a reopened notebook, a second view, a kernel busy in another cell, a page
+        whose hello VS Code holds) draws it at once, without asking the kernel. ``seq``
+        says which updates it holds already."""
         with self._lock:
-            msg, buffers = self._message(reset=True, stream=PointStream())
-        self.widget.initial = msg
-        self.widget.initial_data = buffers[0] if buffers else b""
+            self._plan()
+            # the state travels in one message too (VS Code's relay): at most
+            # MAX_STATE_BYTES of points, shared by the series (at least 64 points each)
+            points = max(64, MAX_STATE_BYTES // 16 // max(1, len(self._chart_keys)))
+            # what the live updates have yet to carry stays theirs to carry
+            sent = self._charts_changed, self._alerts_sent, self._snapshots_sent
+            msg, chunk = self._message(reset=True, stream=PointStream(points, points))
+            self._charts_changed, self._alerts_sent, self._snapshots_sent = sent
+            state = {**self._with_points(msg, chunk), "seq": self.messages}
+            self._state_charts = self._charts
+        with self.widget.hold_sync():  # one update message: the fields with their points
+            self.widget.initial = state
+            self.widget.initial_data = chunk.buffer
 
     # --- matplotlib: fallback and the final picture -------------------------------------
 

@@ -24,6 +24,13 @@ from msmon_nb.metrics.decimate import minmax_decimate
 
 MAX_NEW = 512  # points per key per message: at 2-4 messages/s, ~32-64 KB/s per key at most
 RESET_POINTS = 2000  # points per key in a reset (the page keeps up to 4000)
+# The most bytes one message's buffer holds: VS Code relays a message to its notebook page
+# as a JSON array of byte values (spread from an ArrayBuffer, or ``Array.apply`` over a
+# view, which throws past ~120 KB in V8), ~1-3 ms per 32 KB (bench/relay.py): one series'
+# reset (2000 points) fits. The panel's synced state is one message too (sent every 2 s
+# while VS Code holds the page's hello, see panel.py), so it gets the same bound.
+MAX_MESSAGE_BYTES = 32 * 1024
+MAX_STATE_BYTES = 32 * 1024
 
 
 @dataclass
@@ -57,6 +64,22 @@ class Chunk:
         """Bytes of the packed buffer."""
         return 16 * self.points
 
+    def split(self, max_bytes: int = MAX_MESSAGE_BYTES) -> list[Chunk]:
+        """The same points as chunks whose buffers hold at most ``max_bytes`` each (a key
+        is never cut; one key over the limit travels alone), in key order; the
+        non-finite marks stay with the first."""
+        out: list[Chunk] = []
+        current = Chunk(nonfinite=self.nonfinite)
+        for i, (key, count) in enumerate(zip(self.keys, self.counts, strict=True)):
+            if current.keys and current.nbytes + 16 * count > max_bytes:
+                out.append(current)
+                current = Chunk()
+            current.keys.append(key)
+            current.counts.append(count)
+            current.parts += self.parts[2 * i : 2 * i + 2]
+        out.append(current)
+        return out
+
 
 def _kind(value: float) -> str:
     return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
@@ -65,8 +88,9 @@ def _kind(value: float) -> str:
 class PointStream:
     """Cursors into a mapping of series; see the module docstring."""
 
-    def __init__(self, max_new: int = MAX_NEW) -> None:
+    def __init__(self, max_new: int = MAX_NEW, reset_points: int = RESET_POINTS) -> None:
         self.max_new = max_new
+        self.reset_points = reset_points
         self.sent: dict[str, int] = {}
 
     def reset(self) -> None:
@@ -89,7 +113,7 @@ class PointStream:
             start = self.sent.get(key, 0)
             if n <= start:
                 continue
-            cap = self.max_new if start else max(self.max_new, RESET_POINTS)
+            cap = self.max_new if start else max(self.max_new, self.reset_points)
             new_steps, new_values = steps[start:n], values[start:n]
             bad = ~np.isfinite(new_values)
             if bad.any():

@@ -7,37 +7,44 @@ start-up time and earn nothing here. One thread per connection is fine at that s
 
 Security: binds 127.0.0.1 unless told otherwise; when bound to loopback it also refuses
 requests whose ``Host`` header is not a loopback name, so a web page the user visits
-cannot reach the viewer through DNS rebinding; only GET; static files come from a
-whitelist (``static.py``); run names are looked up among the discovered runs, never joined
-into paths.
+cannot reach the viewer through DNS rebinding; GET, plus one POST (``/api/control``:
+pause/resume/stop/freq/snapshot of a live run) that needs the server's token in an
+``X-Msmon-Token`` header, which only this origin's page can read; static files come
+from a whitelist (``static.py``); run names are looked up among the discovered runs, never
+joined into paths, and a control goes only to a run dir proven to be inside the base.
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
 import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
+from msmon_nb.rundir.control import ControlError, send, wait_for_ack
 from msmon_nb.viewer import api
 from msmon_nb.viewer.sse import Broadcaster
 from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
-from msmon_nb.viewer.store import RunStore
+from msmon_nb.viewer.store import RunStore, UnknownRun
 
 log = logging.getLogger(__name__)
 
 POLL_SECS = 0.5  # watcher period: new points reach the page well within 2 s
 PING_SECS = 15.0
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+CONTROL_WAIT_SECS = 10.0  # a control POST waits this long for the monitor's ack
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'"
@@ -76,6 +83,10 @@ class ViewerServer(ThreadingHTTPServer):
         self.files: dict[str, StaticFile] = static_files()
         self.poll_secs = poll_secs
         self.loopback_only = is_loopback(host)
+        # asked for by the page (/api/info) and sent back with each control POST: a page
+        # of another origin cannot read it (no CORS), and its custom header would need a
+        # preflight this server never grants
+        self.token = secrets.token_urlsafe(24)
         self.closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self._serving: threading.Thread | None = None
@@ -134,12 +145,17 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s - %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def _answer(self, handle: Callable[[], None]) -> None:
+        """Run one request's handler: a client gone is not an error, anything else is a
+        500 (logged) and the server keeps serving."""
         try:
-            self._get()
+            handle()
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # request boundary: answer 500, keep serving
-            log.exception("msmon view: %s failed", self.path)
+            log.exception("msmon view: %s %s failed", self.command, self.path)
             self.close_connection = True
             try:
                 self._json(500, {"error": f"internal error: {exc}"})
@@ -147,16 +163,68 @@ class Handler(BaseHTTPRequestHandler):
                 pass
 
     def _refuse(self) -> None:
-        self._json(405, {"error": "the viewer is read-only: only GET"}, allow="GET")
+        self._json(405, {"error": "only GET, and POST /api/control"}, allow="GET, POST")
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
-    def _get(self) -> None:
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def _local(self) -> bool:
+        """False (and a 403 sent) for a request whose Host is not a loopback name."""
         if self.server.loopback_only:
             host = _host_name(self.headers.get("Host", ""))
             if not is_loopback(host):
                 self._json(403, {"error": f"Host {host!r} refused: the viewer is local-only"})
-                return
+                return False
+        return True
+
+    def _post(self) -> None:
+        """``POST /api/control`` ``{run, cmd, arg}``: the panel's buttons for a live run
+        (``rundir.control``): token-checked, only for runs the listing has under the base
+        dir; answered once the monitor acknowledges (or 202 while it is mid-step)."""
+        if not self._local():
+            return
+        if urllib.parse.urlsplit(self.path).path != "/api/control":
+            self._refuse()
+            return
+        token = self.headers.get("X-Msmon-Token", "")
+        if not hmac.compare_digest(token.encode(), self.server.token.encode()):
+            self._json(403, {"error": "missing or wrong X-Msmon-Token (reload the page)"})
+            return
+        if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
+            self._json(415, {"error": "send JSON: Content-Type: application/json"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= 4096:
+            self._json(413, {"error": "a control request is a small JSON object"})
+            return
+        try:
+            body = json.loads(self.rfile.read(length))
+            name, cmd, arg = body["run"], body["cmd"], body.get("arg")
+        except (ValueError, KeyError, TypeError):
+            self._json(400, {"error": 'expected {"run": NAME, "cmd": "pause", "arg": null}'})
+            return
+        try:
+            run_dir = self.server.store.run_dir(str(name))
+        except UnknownRun:
+            self._json(404, {"error": f"no run {name!r} under {self.server.base}"})
+            return
+        try:
+            command = send(run_dir, cmd, arg, source="msmon view")
+        except ControlError as exc:
+            self._json(409, {"error": str(exc)})
+            return
+        acks = wait_for_ack(run_dir, command, timeout=CONTROL_WAIT_SECS)
+        if not acks:
+            message = "queued: the monitor acts at its next step boundary"
+            self._json(202, {"ok": True, "queued": True, "message": message, "id": command.id})
+            return
+        self._json(200, {"ok": all(a.get("ok") for a in acks), "acks": acks, "id": command.id})
+
+    def _get(self) -> None:
+        if not self._local():
+            return
         target = urllib.parse.urlsplit(self.path)
         path, query = target.path, urllib.parse.parse_qs(target.query, keep_blank_values=True)
         route = api.ROUTES.get(path)
@@ -170,9 +238,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/stream":
             self._stream()
         elif path == "/api/info":
-            self._json(
-                200, {"app": "msmon view", "base": str(self.server.base), "pid": os.getpid()}
-            )
+            info = {"app": "msmon view", "base": str(self.server.base), "pid": os.getpid()}
+            self._json(200, {**info, "control_token": self.server.token})
         elif (static := self.server.files.get(path)) is not None:
             self._static(static)
         else:

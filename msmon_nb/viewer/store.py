@@ -171,6 +171,22 @@ class RunStore:
             entry = self._loaded.setdefault(name, _Loaded(run))
         return entry
 
+    def run_dir(self, name: str) -> Path:
+        """The directory of run ``name``, proven to lie inside the base dir (links
+        resolved); ``UnknownRun`` for a name the listing does not have."""
+        with self._lock:
+            info = self._infos.get(name)
+        if info is None:
+            self.scan()
+            with self._lock:
+                info = self._infos.get(name)
+        if info is None:
+            raise UnknownRun(name)
+        path, base = Path(info.path).resolve(), self.base.resolve()
+        if path != base and base not in path.parents:
+            raise UnknownRun(name)
+        return path
+
     def run(self, name: str) -> _Loaded:
         """The loaded run ``name`` (loading it on first use); raises ``UnknownRun``."""
         entry = self._entry(name)

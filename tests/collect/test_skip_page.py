@@ -12,6 +12,7 @@ import pytest
 
 from msmon_nb.monitor import Monitor
 from tests.collect.test_skip import BAD, batches, pynative_loop, skip_config
+from tests.support.kernel_code import MLP_SETUP
 from tests.viewer.conftest import serve  # noqa: F401 (fixture)
 from tests.viewer.test_browser import browser, open_page, wait_for  # noqa: F401 (fixture)
 
@@ -43,18 +44,7 @@ def test_skip_alert_and_count_in_the_viewer_page(browser, serve, tmp_path):  # n
     assert problems == []
 
 
-PANEL_SETUP = """import os
-os.environ["GLOG_v"] = "3"
-import mindspore as ms, numpy as np
-from mindspore import nn
-rng = np.random.default_rng(0)
-x = ms.Tensor(rng.normal(size=(64, 32)).astype(np.float32))
-y = ms.Tensor((rng.normal(size=64) > 0).astype(np.int32))
-net = nn.SequentialCell([nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 2)])
-loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-opt = nn.Adam(net.trainable_params(), 0.01)
-grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, opt.parameters)
-%load_ext msmon_nb"""
+PANEL_SETUP = MLP_SETUP.replace("OPTIMIZER", "opt = nn.Adam(net.trainable_params(), 0.01)")
 
 PANEL_TRAIN = """%%msmonitor --dir {base} --run skip --config {config}
 import time

@@ -228,3 +228,18 @@ def test_ways_in_all_available_and_partly():
     assert "GradOperation._pynative_forward_run absent" in check.detail
     assert "jit: missing" in check.detail and "mon.step" in check.fix
     assert check_ways_in({"ok": False}).status != OK
+
+
+def test_vscode_widgets_finds_anywidgets_front_end_where_vscode_looks(tmp_path):
+    from msmon_nb.doctor import check_vscode_widgets
+
+    missing = check_vscode_widgets(tmp_path)
+    assert missing.status == WARN and "CDN" in missing.detail
+    assert missing.fix == "pip install --force-reinstall --no-deps anywidget"
+    where = tmp_path / "share" / "jupyter" / "nbextensions" / "anywidget"
+    where.mkdir(parents=True)
+    (where / "index.js").write_text("define([], () => ({}));")
+    found = check_vscode_widgets(tmp_path)
+    assert found.status == OK and found.value == str(where)
+    # this environment's own anywidget install put it there
+    assert check_vscode_widgets().status == OK

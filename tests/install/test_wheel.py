@@ -163,6 +163,9 @@ def test_kernel_install_then_load_ext_in_that_kernel(venv: Venv):
                     "--display-name", "msmon wheel test")  # fmt: skip
     spec_dir = Path(venv.env["JUPYTER_DATA_DIR"]) / "kernels" / name
     assert str(spec_dir) in proc.stdout, proc.stdout
+    # the anywidget wheel put its front end where VS Code's notebooks look for it
+    widgets = venv.prefix / "share" / "jupyter" / "nbextensions" / "anywidget"
+    assert f"VS Code finds the panel's widget code in {widgets}" in proc.stdout, proc.stdout
     spec = json.loads((spec_dir / "kernel.json").read_text())
     assert Path(spec["argv"][0]) == venv.python and spec["display_name"] == "msmon wheel test"
     driver = venv.work / "kernel_driver.py"

@@ -11,11 +11,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shlex
+import subprocess
+import sys
 import time
 
 import pytest
 
-from msmon_nb.events.runs import load_run
+from msmon_nb.events.runs import load_run, load_runs
 from tests.support.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
@@ -24,27 +27,8 @@ from tests.support.jupyter_app import (
     save,
     write_notebook,
 )
-
-SETUP = """import os, time
-os.environ["GLOG_v"] = "3"
-import mindspore as ms, numpy as np
-from mindspore import nn
-rng = np.random.default_rng(0)
-x = ms.Tensor(rng.normal(size=(64, 32)).astype(np.float32))
-y = ms.Tensor((rng.normal(size=64) > 0).astype(np.int32))
-net = nn.SequentialCell([nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 2)])
-loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-lr = nn.warmup_lr(0.1, 4000, 1, 200)
-opt = nn.Momentum(net.trainable_params(), lr, 0.9)
-grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, opt.parameters)
-%load_ext msmon_nb"""
-
-TRAIN = """%%msmonitor --dir {base} --run live
-for step in range(4000):
-    loss, grads = grad_fn(x, y)
-    opt(grads)
-    time.sleep(0.02)
-"""
+from tests.support.kernel_code import LIVE_SETUP as SETUP
+from tests.support.kernel_code import LIVE_TRAIN as TRAIN
 
 TAGS = ("train/loss", "train/grad_norm", "train/learning_rate")
 
@@ -242,3 +226,81 @@ def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path
             timeout=60_000,
         )
         assert "finished" in page.locator(".msmon-status").first.inner_text()
+
+
+CONTROL_FRAMES = re.compile(rb'"comm_msg".*"type":\s*"(pause|resume|stop|freq)"', re.S)
+
+
+def drop_page_controls(page, dropped: list) -> None:
+    """Relay the kernel websocket, but drop the panel's control clicks on their way to the
+    kernel, as VS Code does while a cell is busy (kernel -> page still flows)."""
+
+    def handler(ws):
+        server = ws.connect_to_server()
+
+        def to_server(message):
+            raw = message if isinstance(message, bytes) else message.encode()
+            if CONTROL_FRAMES.search(raw):
+                dropped.append(raw)
+                return
+            server.send(message)
+
+        ws.on_message(to_server)
+        server.on_message(lambda message: ws.send(message))
+
+    page.route_web_socket(re.compile(r".*/api/kernels/.*/channels.*"), handler)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["msmon ctl", "viewer"])
+def test_an_unanswered_click_shows_the_msmon_ctl_line_that_stops_the_cell(tmp_path, how):
+    """Page -> kernel comm messages dropped (VS Code's busy kernel): Stop shows the
+    terminal command within 3 s; that command, or the viewer's Stop button, ends the cell
+    at a step boundary with status stopped."""
+    write_notebook(tmp_path / "ctl.ipynb", [SETUP, TRAIN.format(base="summary")])
+    dropped: list = []
+    prepare = lambda page: drop_page_controls(page, dropped)  # noqa: E731
+    with jupyter_page(tmp_path, "ctl.ipynb", prepare=prepare) as page:
+        run_all(page)
+        page.wait_for_function(
+            f"Number(document.querySelector('{CHART}')?.dataset.lastStep) > 20",
+            timeout=120_000,
+        )
+        page.click(".msmon-stop")
+        clicked = time.monotonic()
+        page.wait_for_selector(".msmon-hint:not([hidden]) .msmon-ctl", timeout=5_000)
+        assert time.monotonic() - clicked < 3.5
+        assert dropped, "the Stop click reached the kernel: nothing was dropped"
+        command = page.locator(".msmon-ctl").inner_text()
+        assert command.startswith("msmon ctl ") and command.endswith(" stop")
+        assert not page.evaluate(cell_done_js(1))  # the click alone stopped nothing
+        if how == "msmon ctl":
+            done = subprocess.run(
+                [sys.executable, "-m", "msmon_nb.cli", *shlex.split(command)[1:]],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+        else:
+            from msmon_nb.viewer.server import make_server
+
+            server = make_server(tmp_path / "summary", port=0)
+            server.start()
+            try:
+                viewer = page.context.browser.new_page()
+                viewer.goto(server.url)
+                row = '.control-row[data-run="live"]'
+                viewer.wait_for_selector(row, timeout=30_000)
+                viewer.click(f'{row} button[data-cmd="stop"]')
+                viewer.wait_for_function(
+                    f"() => document.querySelector('{row} .control-msg').textContent"
+                    ".includes('stopping')",
+                    timeout=15_000,
+                )
+            finally:
+                server.stop()
+        page.wait_for_function(cell_done_js(1), timeout=30_000)
+    runs = load_runs(tmp_path / "summary")
+    assert [r.status for r in runs] == ["stopped"]

@@ -7,9 +7,15 @@ from PIL import Image
 
 from msmon_nb.metrics.series import Series
 from msmon_nb.monitor import Monitor
-from msmon_nb.notebook.panel import Panel
+from msmon_nb.notebook.panel import STATE_SECS, Panel, vscode_kernel
 from msmon_nb.notebook.render import ChartRenderer, RenderOptions
-from msmon_nb.notebook.updates import RESET_POINTS, PointStream, unpack
+from msmon_nb.notebook.updates import (
+    MAX_MESSAGE_BYTES,
+    MAX_STATE_BYTES,
+    RESET_POINTS,
+    PointStream,
+    unpack,
+)
 
 
 class FakeClock:
@@ -83,7 +89,9 @@ def test_page_messages_drive_the_monitor(tmp_path):
 def test_no_hello_within_the_timeout_falls_back_to_pngs(tmp_path, capsys):
     clock = FakeClock()
     with Monitor(save_dir=str(tmp_path)) as mon:
-        panel = Panel("t", str(mon.run_dir), refresh=0.5, ack_timeout=3.0, clock=clock)
+        panel = Panel(
+            "t", str(mon.run_dir), refresh=0.5, ack_timeout=3.0, hello_held=False, clock=clock
+        )
         Recorder(panel)
         shown = []
 
@@ -108,6 +116,96 @@ def test_no_hello_within_the_timeout_falls_back_to_pngs(tmp_path, capsys):
         panel._on_page({"type": "hello"})  # a late page: back to the live view
         assert not panel.fallback
         assert "application/vnd.jupyter.widget-view+json" in shown[-1]
+
+
+def page_view(events, created_at):
+    """What panel.js shows when its view is created after ``events[:created_at]``: the
+    latest synced state, then the updates it does not hold, each new state a reset."""
+    steps, values, state_seq = [], [], None
+    for kind, msg, buffer in events[:created_at]:
+        if kind == "state":
+            latest = (msg, buffer)
+    if created_at and any(kind == "state" for kind, *_ in events[:created_at]):
+        msg, buffer = latest
+        steps, values = map(list, unpack(msg["keys"], msg["counts"], buffer)["train/loss"])
+        state_seq = msg["seq"]
+    else:
+        state_seq = 0
+    for kind, msg, buffer in events[created_at:]:
+        if kind == "state":
+            if state_seq is None:
+                continue
+            steps, values = map(list, unpack(msg["keys"], msg["counts"], buffer)["train/loss"])
+            state_seq = msg["seq"]
+            continue
+        if msg["type"] == "reset":
+            steps, values, state_seq = [], [], None
+        elif state_seq is not None and msg["seq"] <= state_seq:
+            continue
+        if "train/loss" in msg["keys"]:
+            new_steps, new_values = unpack(msg["keys"], msg["counts"], buffer)["train/loss"]
+            steps += list(new_steps)
+            values += list(new_values)
+    return steps, values
+
+
+def test_where_the_hello_is_held_the_state_follows_the_run_and_nothing_falls_back(tmp_path, capsys):
+    """VS Code holds the page's hello while the cell runs: the panel keeps its synced state
+    current instead of falling back to pictures, and a view created at any moment has
+    every step exactly once by the next state (at most STATE_SECS later)."""
+    clock = FakeClock()
+    events = []
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        assert Panel("t").hello_held is False  # not a kernel VS Code launched
+        panel = Panel(
+            "t", str(mon.run_dir), refresh=0.5, ack_timeout=3.0, hello_held=True, clock=clock
+        )
+        panel.widget.send = lambda msg, buffers=None: events.append(
+            ("msg", msg, buffers[0] if buffers else b"")
+        )
+        panel.widget.observe(  # set after ``initial``; the page gets both in one message
+            lambda change: events.append(("state", panel.widget.initial, change["new"])),
+            names="initial_data",
+        )
+        shown = []
+        panel.handle = type("Handle", (), {"update": lambda self, b, raw=False: shown.append(b)})()
+        panel._displayed_at = clock.now
+        panel.attach(mon)
+        for i in range(100):  # 10 s, no hello
+            clock.now += 0.1
+            mon.step(loss=1.0 + i)
+        panel.send()
+        panel.keep_state()  # the next state (STATE_SECS later, or the run's end)
+    assert not panel.fallback and not shown
+    assert "did not load" not in capsys.readouterr().out
+    states = [msg for kind, msg, _ in events if kind == "state"]
+    assert 10 / STATE_SECS - 1 <= len(states) <= 10 / STATE_SECS + 2, len(states)
+    assert [s["seq"] for s in states] == sorted(s["seq"] for s in states)
+    # with a sending thread (Outbox) a state can overtake the update sent just before it
+    overtaken = list(events)
+    for i in range(1, len(overtaken)):
+        if overtaken[i][0] == "state" and overtaken[i - 1][0] == "msg":
+            overtaken[i - 1], overtaken[i] = overtaken[i], overtaken[i - 1]
+    for order in (events, overtaken):
+        for created_at in range(len(order) + 1):
+            steps, values = page_view(order, created_at)
+            assert steps == list(range(100)), (created_at, steps[:5], len(steps))
+            assert values == [1.0 + s for s in steps]
+    # the page's hello ends it: no more state until the run ends
+    panel._on_page({"type": "hello"})
+    before = len(events)
+    with Monitor(save_dir=str(tmp_path)) as mon2:
+        panel.attach(mon2)
+        for _ in range(30):
+            clock.now += 0.1
+            mon2.step(loss=1.0)
+    assert all(kind == "msg" for kind, *_ in events[before:])
+
+
+def test_vscode_kernel_is_told_by_the_variable_vs_codes_launcher_sets():
+    assert vscode_kernel({"PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING": "1"})
+    assert not vscode_kernel({"VSCODE_PID": "12"})
+    assert not vscode_kernel({})
 
 
 def flat_series(n: int, spike_at: int, nan_at: int) -> Series:
@@ -270,3 +368,34 @@ def test_a_series_that_shrank_is_sent_again_as_a_reset():
     assert [m["type"] for m, _ in rec.messages] == ["append", "reset"]
     steps, values = rec.points("train/loss")
     assert steps.tolist() == list(range(30)) and set(values) == {2.0}
+
+
+def test_a_large_reset_travels_in_messages_vs_code_can_relay():
+    """12 series of 1 M steps: the reset is split so no message carries more than
+    MAX_MESSAGE_BYTES of points (VS Code's JSON-array relay fails past ~120 KB); the page
+    ends with the same points as from one message, the first carrying charts and status."""
+    panel = Panel("t", live=False)
+    rec = Recorder(panel)
+    n = 1_000_000
+    data = {}
+    for i in range(12):
+        s = Series()
+        s.extend(np.arange(n), np.sin(np.arange(n) / (100 + i)) + i, np.zeros(n))
+        data[f"{'val' if i < 6 else 'sys'}/metric_{i:02d}"] = s  # 6 lines a chart
+    panel.set_data(data)
+    panel.send(reset=True)
+    types = [m["type"] for m, _ in rec.messages]
+    assert types[0] == "reset" and set(types[1:]) == {"append"} and len(types) >= 3
+    assert "charts" in rec.messages[0][0] and "charts" not in rec.messages[1][0]
+    for _msg, buffers in rec.messages:
+        assert sum(len(b) for b in buffers) <= MAX_MESSAGE_BYTES
+    single = PointStream().take(data)
+    whole = unpack(single.keys, single.counts, single.buffer)
+    assert set(single.keys) == set(data)
+    for key in data:
+        steps, values = rec.points(key)
+        np.testing.assert_array_equal(steps, whole[key][0])
+        np.testing.assert_array_equal(values, whole[key][1])
+    panel.keep_state()  # the saved state is one message too
+    assert len(panel.widget.initial_data) <= MAX_STATE_BYTES
+    assert panel.widget.initial["type"] == "reset" and panel.widget.initial["keys"]

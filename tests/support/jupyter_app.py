@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ def write_notebook(path: Path, cells: list[str]) -> None:
     path.write_text(json.dumps(nb))
 
 
-def _wait_http(url: str, timeout: float = 90) -> None:
+def wait_http(url: str, timeout: float = 90) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -79,11 +79,16 @@ def _wait_http(url: str, timeout: float = 90) -> None:
 
 @contextlib.contextmanager
 def jupyter_page(
-    root: Path, notebook: str, app: str = "lab", viewport: tuple[int, int] = (1280, 1100)
+    root: Path,
+    notebook: str,
+    app: str = "lab",
+    viewport: tuple[int, int] = (1280, 1100),
+    prepare: Callable[[Any], None] | None = None,
 ) -> Iterator[Any]:
     """Serve ``root`` with ``app`` ("lab" or "notebook") and open ``notebook`` in Chromium.
 
-    Yields the Playwright page once the notebook's kernel is idle.
+    ``prepare(page)`` runs before the page loads (to route its websockets, say). Yields
+    the Playwright page once the notebook's kernel is idle.
     """
     from playwright.sync_api import sync_playwright
 
@@ -122,13 +127,15 @@ def jupyter_page(
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_http(f"http://127.0.0.1:{port}/api/status?token={token}")
+        wait_http(f"http://127.0.0.1:{port}/api/status?token={token}")
         path = "lab/tree" if app == "lab" else "notebooks"
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             try:
                 width, height = viewport
                 page = browser.new_page(viewport={"width": width, "height": height})
+                if prepare is not None:
+                    prepare(page)
                 page.goto(f"http://127.0.0.1:{port}/{path}/{notebook}?token={token}")
                 page.wait_for_function("window.jupyterapp !== undefined", timeout=90_000)
                 page.wait_for_selector(".jp-Notebook", timeout=90_000)
@@ -137,11 +144,16 @@ def jupyter_page(
             finally:
                 browser.close()
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        end_process(server)
+
+
+def end_process(proc: subprocess.Popen) -> None:
+    """Terminate ``proc``, killed if it has not ended within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def run_all(page: Any) -> None:

@@ -10,15 +10,21 @@
 //
 // Protocol (kernel -> page): {type: "reset" | "append", status, charts?, keys: [key],
 //   counts: [n], nonfinite: {key: [[step, "nan" | "inf" | "-inf"]]}, alerts?,
-//   snapshots_html?} with one buffer of float64: n steps then n values, key after key.
+//   snapshots_html?, seq} with one buffer of float64: n steps then n values, key after
+//   key; synced state `initial` (+ `initial_data`): a whole reset holding updates up to
+//   its `seq` (kept current while no hello came through, see render()).
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
-//   acknowledgement that our code loaded), {type: "pause" | "resume" | "stop"},
-//   {type: "freq", value: N}.
+//   acknowledgement that our code loaded), {type: "pause" | "resume" | "stop", id},
+//   {type: "freq", value: N, id}. The kernel answers each control with {type: "ack", id}
+//   at its next step boundary; without an answer within ACK_MS (VS Code does not deliver
+//   widget messages to a busy kernel) the panel shows the `msmon ctl` line that does the
+//   same from a terminal, and the viewer.
 //
 // Test contract: every chart element carries data-msmon-tag and data-last-step; the
 // status line contains "step N"; the buttons read Pause/Resume and Stop.
 
 const CAP = 4000; // points kept per key before the page decimates them to half
+const ACK_MS = 2000; // a control click unanswered this long shows the terminal command
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
   "#17becf", "#bcbd22"];
 const SEVERITY = { critical: "#b71c1c", warning: "#e65100", info: "#1565c0" };
@@ -34,6 +40,11 @@ function h(tag, attrs = {}, ...children) {
   }
   for (const c of children) node.append(c);
   return node;
+}
+
+function shellQuote(text) {
+  // a path as a POSIX shell word: bare when it is plain, else in single quotes
+  return /^[\w@%+=:,./-]+$/.test(text) ? text : `'${text.replace(/'/g, "'\\''")}'`;
 }
 
 function f64(view) {
@@ -300,6 +311,8 @@ class Panel {
     this.status = null;
     this.statusAt = 0;
     this.stopping = false;
+    this.pending = new Map(); // control id -> timer until its ack
+    this.nextId = 1;
     this.build(el);
   }
 
@@ -327,28 +340,29 @@ class Panel {
     this.grid = h("div", { class: "msmon-grid" });
     this.alertsEl = h("div", { class: "msmon-alerts" });
     this.snapsEl = h("div", { class: "msmon-snapshots" });
+    this.hintEl = h("div", { class: "msmon-hint", hidden: "" });
     const runDir = model.get("run_dir");
     const footer = h("div", { class: "msmon-footer" });
     if (runDir) footer.append("run dir: ", h("code", { text: runDir }));
     this.root = h("div", { class: "msmon-panel" },
       h("div", { class: "msmon-head" }, this.titleEl, this.statusEl),
-      controls, this.grid, this.alertsEl, this.snapsEl, footer);
+      controls, this.hintEl, this.grid, this.alertsEl, this.snapsEl, footer);
     el.append(this.root);
 
     this.pauseBtn.addEventListener("click", () => {
       const pausing = this.pauseBtn.textContent === "Pause";
       this.pauseBtn.textContent = pausing ? "Resume" : "Pause";
-      model.send({ type: pausing ? "pause" : "resume" });
+      this.control({ type: pausing ? "pause" : "resume" });
     });
     this.stopBtn.addEventListener("click", () => {
       this.stopping = true;
       this.stopBtn.disabled = true;
-      model.send({ type: "stop" });
+      this.control({ type: "stop" });
       this.renderStatus();
     });
     this.freqIn.addEventListener("change", () => {
       const n = parseInt(this.freqIn.value, 10);
-      if (n >= 1) model.send({ type: "freq", value: n });
+      if (n >= 1) this.control({ type: "freq", value: n });
     });
     this.smoothIn.addEventListener("input", () => {
       this.smooth = parseFloat(this.smoothIn.value);
@@ -379,7 +393,34 @@ class Panel {
     for (const c of this.charts) this.grid.append(c.el);
   }
 
+  // A control click: sent as a comm message; unanswered after ACK_MS, the panel says how
+  // to do the same where the page cannot reach a busy kernel.
+  control(msg) {
+    const id = this.nextId++;
+    this.model.send({ ...msg, id });
+    const words = msg.type === "freq" ? `freq ${msg.value}` : msg.type;
+    this.pending.set(id, setTimeout(() => this.unanswered(words), ACK_MS));
+  }
+
+  unanswered(words) {
+    const runDir = this.model.get("run_dir");
+    if (!runDir) return;
+    const cmd = `msmon ctl ${shellQuote(runDir)} ${words}`;
+    this.hintEl.replaceChildren(
+      "The kernel has not answered (VS Code holds widget messages while a cell runs). " +
+        "In a terminal: ",
+      h("code", { class: "msmon-ctl", text: cmd }),
+      " (or the same button in msmon view)");
+    this.hintEl.hidden = false;
+  }
+
   onMessage(msg, buffers) {
+    if (msg.type === "ack") {
+      clearTimeout(this.pending.get(msg.id));
+      this.pending.delete(msg.id);
+      if (!this.pending.size) this.hintEl.hidden = true;
+      return;
+    }
     if (msg.type !== "reset" && msg.type !== "append") return;
     const began = performance.now();
     if (msg.type === "reset") {
@@ -487,6 +528,7 @@ class Panel {
 
   destroy() {
     clearInterval(this.ticker);
+    for (const timer of this.pending.values()) clearTimeout(timer);
     this.resizer.disconnect();
     for (const c of this.charts) if (c.plot) c.plot.destroy();
   }
@@ -494,21 +536,43 @@ class Panel {
 
 function render({ model, el }) {
   const panel = new Panel(model, el);
+  // Until the kernel answers this view's hello with a reset, the view follows the synced
+  // state (VS Code holds the hello while a cell runs; the kernel then keeps the state
+  // current): each state is a whole reset, and an update it already holds (seq at most
+  // the state's) is skipped, whichever of the two arrives first.
+  let stateSeq = null;
   const onMsg = (msg, buffers) => {
     try {
+      if (msg.type === "reset") stateSeq = null;
+      else if (stateSeq !== null && msg.seq !== undefined && msg.seq <= stateSeq) return;
       panel.onMessage(msg, buffers);
     } catch (err) {
       console.error("msmon panel:", err);
     }
   };
+  const fromState = () => {
+    const initial = model.get("initial");
+    if (!initial || !initial.type) return;
+    try {
+      panel.onMessage(initial, [model.get("initial_data")]);
+      stateSeq = initial.seq ?? 0;
+    } catch (err) {
+      console.error("msmon panel:", err);
+    }
+  };
+  const onState = () => {
+    if (stateSeq !== null) fromState();
+  };
   model.on("msg:custom", onMsg);
+  model.on("change:initial", onState);
   // a finished or static panel carries its data in the widget state: drawn at once,
   // even while the kernel is busy elsewhere; the hello then asks for anything newer
-  const initial = model.get("initial");
-  if (initial && initial.type) onMsg(initial, [model.get("initial_data")]);
+  fromState();
+  if (stateSeq === null) stateSeq = 0; // nothing yet: follow the state until a reset
   model.send({ type: "hello" });
   return () => {
     model.off("msg:custom", onMsg);
+    model.off("change:initial", onState);
     panel.destroy();
   };
 }

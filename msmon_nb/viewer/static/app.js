@@ -29,6 +29,7 @@ const state = {
   snapshots: new Map(),   // run -> [snapshot]
   yscale: "linear",
   smoothing: 0,
+  token: null,            // from /api/info: sent back with each control request
 };
 
 // --- small helpers -------------------------------------------------------------------
@@ -188,6 +189,49 @@ function renderRuns() {
     }
   }
   document.getElementById("runs-empty").hidden = state.runs.length > 0;
+  renderControls();
+}
+
+// A selected run that is still being written gets the panel's buttons: POSTed to
+// /api/control with the server's token, acted on by the run's monitor at its next step
+// boundary (msmon ctl does the same from a terminal).
+function renderControls() {
+  const box = document.getElementById("controls");
+  const live = state.runs.filter((r) => state.selected.has(r.name) && r.status === "running");
+  const keep = new Map([...box.children].map((row) => [row.dataset.run, row]));
+  box.replaceChildren(...live.map((run) => keep.get(run.name) || controlRow(run.name)));
+  box.hidden = live.length === 0;
+}
+
+function controlRow(name) {
+  const msg = el("span", { class: "muted control-msg" });
+  const freq = el("input", { type: "number", min: "1", step: "1", value: "10",
+    class: "control-freq", "aria-label": "collect every N steps" });
+  const button = (label, cmd, arg = null) => {
+    const b = el("button", { type: "button", "data-cmd": cmd, text: label });
+    b.addEventListener("click", () => control(name, cmd, arg && arg(), msg));
+    return b;
+  };
+  return el("div", { class: "control-row", "data-run": name },
+    el("b", { text: name }), button("Pause", "pause"), button("Resume", "resume"),
+    button("Stop", "stop"), el("label", {}, "collect every ", freq),
+    button("Set", "freq", () => Number(freq.value)), button("Snapshot", "snapshot"), msg);
+}
+
+async function control(run, cmd, arg, msgEl) {
+  msgEl.textContent = `${cmd}: sent`;
+  try {
+    const resp = await fetch("/api/control", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "X-Msmon-Token": state.token || "" },
+      body: JSON.stringify({ run, cmd, arg: arg ?? null }),
+    });
+    const body = await resp.json();
+    if (!resp.ok) throw new Error(body.error || String(resp.status));
+    msgEl.textContent = body.queued ? body.message : body.acks.map((a) => a.message).join("; ");
+  } catch (err) {
+    msgEl.textContent = `${cmd} failed: ${err.message}`;
+  }
 }
 
 // Under a run with several ranks: the lines/band toggle and each rank's last step and status.
@@ -644,6 +688,8 @@ function init() {
     }
   }, 1000);
   connect();
+  getJSON("/api/info").then((info) => { state.token = info.control_token; })
+    .catch((err) => console.error(`msmon: ${err.message}`));
   loadRuns().catch((err) => console.error(`msmon: ${err.message}`));
 }
 
