@@ -46,6 +46,22 @@ def _lengths_at(buf: bytes, starts: np.ndarray) -> np.ndarray:
     )
 
 
+def _run_length(buf: bytes, pos: int, size: int, most: int) -> int:
+    """How many records of ``size`` bytes with the header at ``pos`` follow back to back
+    (at most ``most``). Windows grow 4x, so the work is proportional to the run, not to
+    the rest of the buffer (records of varying lengths, e.g. one scalar per event under
+    several tags, would otherwise cost a pass over the whole buffer each)."""
+    count = min(most, _RUN_MIN * 4)
+    while True:
+        heads = np.ndarray((count,), _HEAD_DTYPE, buffer=buf, offset=pos, strides=(size,))
+        same = (heads["length"] == heads["length"][0]) & (heads["crc"] == heads["crc"][0])
+        if not same.all():
+            return int(np.argmin(same))
+        if count == most:
+            return count
+        count = min(most, count * 4)
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """A damaged spot in a file: where it is and what is wrong."""
@@ -195,10 +211,8 @@ class RecordReader:
                 need = size
                 break
             count = (end - pos) // size
-            if count >= _RUN_MIN:
-                heads = np.ndarray((count,), _HEAD_DTYPE, buffer=buf, offset=pos, strides=(size,))
-                same = (heads["length"] == length) & (heads["crc"] == length_crc)
-                count = int(np.argmin(same)) if not same.all() else count
+            if count >= _RUN_MIN and header(buf, pos + size) == (length, length_crc):
+                count = _run_length(buf, pos, size, count)
                 runs.append(pos + HEADER_SIZE + size * np.arange(count, dtype=np.int64))
                 lengths.extend([length] * count)
                 pos += size * count
