@@ -171,7 +171,7 @@ def start_code_server(root: Path, port: int, project: Path) -> subprocess.Popen:
             [CODE_SERVER, *common, "--disable-telemetry", "--disable-update-check",
              "--disable-workspace-trust", "--disable-getting-started-override", str(project)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(os.environ, GLOG_v="3"),
+            env=dict(os.environ, GLOG_v="3", MSMON_STUB_READY=str(root / "stub-ready")),
         )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -196,12 +196,32 @@ def code_server_page(root: Path, port: int, project: Path) -> Iterator[tuple[Any
             try:
                 page.goto(f"http://127.0.0.1:{port}/?folder={project}")
                 page.locator(".monaco-workbench .statusbar").wait_for(timeout=90_000)
-                time.sleep(3)  # the extension host starts (the stub registers its parts)
+                # the extension host is up and the stub has registered its parts (a cold
+                # machine takes far longer than a warm one: no fixed sleep)
+                deadline = time.monotonic() + 120
+                while not (root / "stub-ready").exists():
+                    assert time.monotonic() < deadline, diagnosis(root, page)
+                    time.sleep(0.2)
                 yield browser, page
             finally:
                 browser.close()
     finally:
         stop(server)
+
+
+def diagnosis(root: Path, page) -> str:
+    """What a failed wait shows: notifications, the terminal, code-server's logs' tails."""
+    parts = []
+    with contextlib.suppress(Exception):
+        page.screenshot(path=str(root / "failed.png"))
+        notes = page.locator(".notifications-toasts, .notification-list-item").all_inner_texts()
+        parts.append("notifications: " + " | ".join(notes))
+        parts.append("terminal: " + " | ".join(page.locator(".xterm-rows").all_inner_texts()))
+    logs = [root / "code-server.log", *sorted((root / "data" / "logs").rglob("*.log"))]
+    for log in logs:
+        with contextlib.suppress(OSError):
+            parts.append(f"--- {log.relative_to(root)}\n" + log.read_text()[-1500:])
+    return "\n".join(parts)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -247,7 +267,7 @@ def test_clean_and_viewer_task_in_code_server(tmp_path, never_ready):
         run_task(page, PROBE)
         answered = None
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not ready.exists():
+        while time.monotonic() < deadline:
             if answered is None:
                 try:
                     assert viewer_runs(viewer_port) == []  # clean ran, viewer serves
@@ -256,9 +276,12 @@ def test_clean_and_viewer_task_in_code_server(tmp_path, never_ready):
                         deadline = time.monotonic() + 15
                 except OSError:
                     pass
+            # the probe may run within one poll of the viewer's first answer: ask it first
+            if answered is not None and ready.exists():
+                break
             time.sleep(0.2)
         page.screenshot(path=str(tmp_path / "vscode.png"))
-        assert answered is not None, "the viewer task never answered"
+        assert answered is not None, "the viewer task never answered\n" + diagnosis(tmp_path, page)
         assert "Could not resolve" not in page.content()
         if never_ready:
             assert not ready.exists(), "the probe did not wait for the matcher"
@@ -340,7 +363,9 @@ def test_launch_preset_debugs_a_script_the_viewer_shows_live_and_stops(tmp_path)
                 steps.append(runs[0]["last_step"])
             time.sleep(1.0)
         page.screenshot(path=str(tmp_path / "vscode-debug.png"))
-        assert len(steps) == 3, "the viewer never listed the debugged run running"
+        assert len(steps) == 3, "the viewer never listed the debugged run running\n" + diagnosis(
+            tmp_path, page
+        )
         assert steps[0] < steps[1] < steps[2], steps  # live: it advances
         viewer = browser.new_page()
         viewer.goto(f"http://127.0.0.1:{viewer_port}/")

@@ -14,6 +14,8 @@ function interpreter(folder) {
 }
 
 exports.activate = (context) => {
+  // the tests wait for this file rather than guess when the extension host is up
+  if (process.env.MSMON_STUB_READY) require("fs").writeFileSync(process.env.MSMON_STUB_READY, "ok");
   context.subscriptions.push(
     vscode.commands.registerCommand("python.interpreterPath", () => interpreter()),
     vscode.debug.registerDebugConfigurationProvider("debugpy", {
