@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +140,20 @@ class Histogram:
     def counts(self) -> np.ndarray:
         """Bucket counts."""
         return np.array([b[2] for b in self.buckets], dtype=np.int64)
+
+    def as_json(self) -> dict[str, Any]:
+        """What pages draw (``chart.js``'s ``histogramSVG``): edges, counts and totals
+        (floats may be non-finite: ``metrics.jsonsafe.jsonable`` spells those out)."""
+        return {
+            "edges": self.edges.tolist(),
+            "counts": self.counts.tolist(),
+            "nan_count": self.nan_count,
+            "pos_inf_count": self.pos_inf_count,
+            "neg_inf_count": self.neg_inf_count,
+            "min": self.min,
+            "max": self.max,
+            "count": self.count,
+        }
 
 
 def _histogram_body(h: Histogram) -> bytes:

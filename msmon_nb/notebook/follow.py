@@ -16,7 +16,7 @@ import numpy as np
 
 from msmon_nb.diagnose.rankrules import rank_alerts, with_cross_rank
 from msmon_nb.events.runs import Run
-from msmon_nb.notebook.charts import MAX_RANK_LINES
+from msmon_nb.metrics.charts import MAX_RANK_LINES
 from msmon_nb.notebook.panel import Panel
 
 

@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from msmon_nb.notebook.charts import LOG_BY_DEFAULT, plan_charts
-from msmon_nb.notebook.snapshots_view import snapshots_html
+from msmon_nb.metrics.charts import plan_charts
+from msmon_nb.metrics.jsonsafe import jsonable
 from msmon_nb.notebook.updates import MAX_STATE_BYTES, Chunk, PointStream
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ACK_TIMEOUT = 3.0  # seconds without the page's hello before falling back to PNGs
 STATE_SECS = 2.0  # while no hello came, the synced state follows the run this often
+MAX_SNAPSHOT_ROWS = 50  # the newest snapshots the panel's table lists
 
 
 def vscode_kernel(environ: Mapping[str, str] = os.environ) -> bool:
@@ -275,7 +276,7 @@ class Panel:
             {
                 "title": chart.title,
                 "keys": list(chart.tags),
-                "log": any(k.split("@", 1)[0] in LOG_BY_DEFAULT for k in chart.tags),
+                "log": chart.log,
             }
             for chart in plan_charts(tags)
         ]
@@ -336,7 +337,8 @@ class Panel:
             msg["alerts"] = [alert_dict(a) for a in self._alerts]
         if reset or len(self._snapshots) != self._snapshots_sent:
             self._snapshots_sent = len(self._snapshots)
-            msg["snapshots_html"] = snapshots_html(self._snapshots) if self._snapshots else ""
+            # the page draws the table and its histograms (chart.js's histogramSVG)
+            msg["snapshots"] = jsonable([dict(e) for e in self._snapshots[-MAX_SNAPSHOT_ROWS:]])
         return msg, chunk
 
     def keep_state(self) -> None:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from msmon_nb.metrics.decimate import Decimator, ema, minmax_decimate
-from msmon_nb.notebook.charts import LOG_BY_DEFAULT, Chart, base_tag, plan_charts
+from msmon_nb.metrics.charts import Chart, base_tag, plan_charts
+from msmon_nb.metrics.decimate import Decimator, downsample, ema
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
@@ -300,9 +300,7 @@ class ChartRenderer:
         for chart, nan_artist, old in zip(
             self.charts, self._nan_artists, self._limits, strict=True
         ):
-            log = opts.scale == "log" or (
-                opts.scale == "auto" and any(base_tag(t) in LOG_BY_DEFAULT for t in chart.tags)
-            )
+            log = opts.scale == "log" or (opts.scale == "auto" and chart.log)
             drawn, nan_steps, xs_all, ys_all = [], [], [], []
             for tag in chart.tags:
                 s = series.get(tag)
@@ -420,7 +418,7 @@ class ChartRenderer:
         xs, ys = line.decimator.points(steps, values)
         if len(xs) > 2 * self.MAX_TAIL:
             head = 2 * len(line.decimator)
-            tx, ty = minmax_decimate(xs[head:], ys[head:], self.MAX_TAIL)
+            tx, ty, _, _ = downsample(xs[head:], ys[head:], self.MAX_TAIL)
             xs = np.concatenate([xs[:head], tx])
             ys = np.concatenate([ys[:head], ty])
         mx = sm = None

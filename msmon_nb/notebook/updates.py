@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from msmon_nb.metrics.decimate import minmax_decimate
+from msmon_nb.metrics.decimate import downsample
 
 MAX_NEW = 512  # points per key per message: at 2-4 messages/s, ~32-64 KB/s per key at most
 RESET_POINTS = 2000  # points per key in a reset (the page keeps up to 4000)
@@ -122,11 +122,8 @@ class PointStream:
                     for st, v in zip(new_steps[bad], new_values[bad], strict=True)
                 ]
             if n - start > cap:
-                last_step, last_value = new_steps[-1], new_values[-1]
-                new_steps, new_values = minmax_decimate(new_steps, new_values, cap)
-                if not len(new_steps) or new_steps[-1] != last_step:
-                    new_steps = np.append(new_steps, last_step)
-                    new_values = np.append(new_values, last_value)
+                # the one decimation: extremes, NaN/Inf, first and newest point kept
+                new_steps, new_values, _, _ = downsample(new_steps, new_values, cap)
             self.sent[key] = n
             chunk.keys.append(key)
             chunk.counts.append(len(new_steps))

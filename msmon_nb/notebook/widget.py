@@ -1,7 +1,8 @@
 """The panel's widget: an anywidget whose ES module (``static/panel.js``) draws the charts.
 
-The module ships inside this package with uPlot (MIT, ``static/uPlot.LICENSE``, version
-``UPLOT_VERSION``, taken unchanged from the npm package's ``dist/``) prepended to it, so
+The module ships inside this package with uPlot (MIT, ``msmon_nb/static/uPlot.LICENSE``,
+version ``UPLOT_VERSION``, taken unchanged from the npm package's ``dist/``) and the chart
+component ``msmon_nb/static/chart.js`` (the one ``msmon view`` draws with) prepended to it, so
 the panel works offline and needs no JupyterLab extension build: anywidget loads it in
 JupyterLab 4, Notebook 7 and VSCode alike. Data travels as custom comm messages with
 binary buffers (see ``panel.js`` for the protocol); this class only moves them.
@@ -21,6 +22,8 @@ from typing import Any
 import anywidget
 import traitlets
 
+from msmon_nb.metrics.charts import CHART_ASSETS
+
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -28,17 +31,20 @@ UPLOT_VERSION = "1.6.32"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-def _joined(*names: str) -> str:
+def _joined(*paths: Path) -> str:
     # multi-line text, so anywidget takes it as code, not as a file path to watch
-    return "\n".join((STATIC / name).read_text() for name in names)
+    return "\n".join(path.read_text() for path in paths)
 
 
 class PanelWidget(anywidget.AnyWidget):
     """Front end of one panel. ``handler(content)`` receives the page's messages."""
 
-    # uPlot's IIFE build defines a module-scoped ``var uPlot``: no import map, no CDN
-    _esm = _joined("uPlot.iife.min.js", "panel.js")
-    _css = _joined("uPlot.min.css", "panel.css")
+    # uPlot's IIFE build defines a module-scoped ``var uPlot``, chart.js its top-level
+    # classes and functions: one module, no import map, no CDN
+    _esm = _joined(
+        CHART_ASSETS / "uPlot.iife.min.js", CHART_ASSETS / "chart.js", STATIC / "panel.js"
+    )
+    _css = _joined(CHART_ASSETS / "uPlot.min.css", CHART_ASSETS / "chart.css", STATIC / "panel.css")
     title = traitlets.Unicode("").tag(sync=True)
     run_dir = traitlets.Unicode("").tag(sync=True)
     live = traitlets.Bool(True).tag(sync=True)

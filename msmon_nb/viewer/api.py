@@ -21,20 +21,20 @@ Errors are ``ApiError(status, message)``; the server turns them into
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from msmon_nb.events.wire import Histogram
-from msmon_nb.viewer.downsample import (
+from msmon_nb.metrics.charts import plan_charts
+from msmon_nb.metrics.decimate import (
     downsample,
     downsample_band,
     nonfinite_kinds,
     range_slice,
     select_range,
 )
+from msmon_nb.metrics.jsonsafe import jsonable
 from msmon_nb.viewer.store import RunStore, UnknownRun
 
 DEFAULT_MAX_POINTS = 1000
@@ -48,35 +48,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` with numpy values, histograms and non-finite floats made JSON-safe."""
-    if isinstance(obj, float | np.floating):
-        value = float(obj)
-        if math.isfinite(value):
-            return value
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(obj, np.integer | np.bool_):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return [jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, Histogram):
-        return {
-            "edges": jsonable(obj.edges),
-            "counts": obj.counts.tolist(),
-            "nan_count": obj.nan_count,
-            "pos_inf_count": obj.pos_inf_count,
-            "neg_inf_count": obj.neg_inf_count,
-            "min": jsonable(obj.min),
-            "max": jsonable(obj.max),
-            "count": obj.count,
-        }
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    return obj
 
 
 def _one(query: Mapping[str, list[str]], name: str, required: bool = True) -> str | None:
@@ -104,6 +75,21 @@ def runs(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     """``[{name, path, tags, last_step, status, ranks, last_write, exact, rank_last_step,
     rank_status}]``."""
     return store.list_runs()
+
+
+def charts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """``/api/charts?run=A[&run=B...]``: the charts of those runs' tags together, in the
+    order the notebook panel draws them (``msmon_nb.metrics.charts.plan_charts``):
+    ``[{title, tags, log, group}]``."""
+    names = query.get("run") or []
+    if not names:
+        raise ApiError(400, "missing query parameter 'run' (one or more), e.g. run=my_run")
+    listed = {r["name"]: r for r in store.list_runs()}
+    missing = [n for n in names if n not in listed]
+    if missing:
+        raise ApiError(404, f"no run {missing[0]!r} under {store.base}")
+    tags = sorted({t for n in names for t in listed[n]["tags"]})
+    return [chart.as_json() for chart in plan_charts(tags, placeholders=False)]
 
 
 def _nullable(values: np.ndarray) -> list[float | None]:
@@ -213,6 +199,7 @@ def snapshots(store: RunStore, query: Mapping[str, list[str]]) -> Any:
 
 ROUTES: dict[str, Callable[[RunStore, Mapping[str, list[str]]], Any]] = {
     "/api/runs": runs,
+    "/api/charts": charts,
     "/api/scalars": scalars,
     "/api/alerts": alerts,
     "/api/snapshots": snapshots,

@@ -1,51 +1,35 @@
-"""The fixed set of files the viewer serves, and where plotly.js comes from.
+"""The fixed set of files the viewer serves.
 
 Static files are a whitelist built at start-up: URL path -> file. A request path is
 looked up verbatim (no decoding, no joining with a directory), so ``..``, ``%2e%2e``,
 double encoding or backslashes can never reach another file: they are simply not keys.
 
-plotly.js is served from the installed ``plotly`` wheel (``package_data/plotly.min.js``),
-found without importing plotly, so the page works offline and nothing third-party is
-copied into this repository.
+The page's own files are ``static/``; the chart component it shares with the notebook
+panel (``chart.js``, ``chart.css``) and uPlot come from ``msmon_nb/static/`` (package
+data, the same files the panel's widget joins), so the page works offline.
 """
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msmon_nb.metrics.charts import CHART_ASSETS
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-PLOTLY_URL = "/vendor/plotly.min.js"
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
+# the chart component's files, served under /vendor/ (cached: they change with the wheel)
+SHARED = ("uPlot.iife.min.js", "uPlot.min.css", "chart.js", "chart.css")
 
 
 class MissingAsset(RuntimeError):
-    """A file the page needs is not installed (the message says how to install it)."""
-
-
-def plotly_js() -> Path:
-    """Path of ``plotly.min.js`` inside the installed plotly package."""
-    spec = importlib.util.find_spec("plotly")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingAsset(
-            "the viewer draws with plotly.js from the 'plotly' package, which is not "
-            "installed: pip install plotly"
-        )
-    for location in spec.submodule_search_locations:
-        path = Path(location) / "package_data" / "plotly.min.js"
-        if path.is_file():
-            return path
-    raise MissingAsset(
-        "the installed plotly package holds no package_data/plotly.min.js: "
-        "pip install --force-reinstall plotly"
-    )
+    """A file the page needs is not installed (the message says how to fix it)."""
 
 
 @dataclass
@@ -72,7 +56,7 @@ class StaticFile:
 
 
 def static_files(static_dir: Path = STATIC_DIR) -> dict[str, StaticFile]:
-    """URL path -> file: the page's own files, and plotly.js from its package."""
+    """URL path -> file: the page's own files, and the shared chart component's."""
     files: dict[str, StaticFile] = {}
     for path in sorted(static_dir.iterdir()):
         kind = _TYPES.get(path.suffix)
@@ -80,5 +64,12 @@ def static_files(static_dir: Path = STATIC_DIR) -> dict[str, StaticFile]:
             files[f"/{path.name}"] = StaticFile(path, kind, cache_secs=0)
     if "/index.html" in files:
         files["/"] = files["/index.html"]
-    files[PLOTLY_URL] = StaticFile(plotly_js(), _TYPES[".js"], cache_secs=86400)
+    for name in SHARED:
+        path = CHART_ASSETS / name
+        if not path.is_file():
+            raise MissingAsset(
+                f"{path} is missing: the installed msmon_nb is incomplete; reinstall it "
+                "(pip install --force-reinstall msmon_nb)"
+            )
+        files[f"/vendor/{name}"] = StaticFile(path, _TYPES[path.suffix], cache_secs=0)
     return files

@@ -21,8 +21,8 @@ from msmon_nb.collect.optstate import PATH_ENV, moment_tag
 from msmon_nb.config import CORE_METRICS, MonitorConfig
 from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
+from msmon_nb.metrics.charts import MAX_LINES, plan_charts
 from msmon_nb.monitor import Monitor
-from msmon_nb.notebook.charts import MAX_LINES, plan_charts
 from tests.support import tiny
 
 STEPS = 10

@@ -100,7 +100,7 @@ def test_demo_then_the_viewer_serves_it(venv: Venv):
         assert url.startswith("http://127.0.0.1:")
         status, page = get(url)
         assert status == 200 and b"<html" in page.lower()
-        for asset in re.findall(rb'(?:src|href)="(/[^"]+)"', page):  # app, css, vendored plotly
+        for asset in re.findall(rb'(?:src|href)="(/[^"]+)"', page):  # app, css, chart.js and uPlot
             status, body = get(url.rstrip("/") + asset.decode())
             assert status == 200 and body, asset
         status, body = get(url + "api/runs")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from msmon_nb.metrics.decimate import Decimator, ema, minmax_decimate
+from msmon_nb.metrics.decimate import Decimator, downsample, ema
 from msmon_nb.metrics.norms import global_norm
 
 
@@ -13,9 +13,10 @@ def test_one_step_spike_survives(spike_at):
     values = np.random.default_rng(0).normal(size=n)
     values[spike_at] = 1e6
     steps = np.arange(n)
-    xs, ys = minmax_decimate(steps, values, 1000)
-    assert len(xs) <= 1000
+    xs, ys, raw, count = downsample(steps, values, 1000)
+    assert len(xs) <= 1000 and not raw and count == n
     assert ys.max() == 1e6 and xs[ys.argmax()] == spike_at
+    assert (xs[0], ys[0], xs[-1], ys[-1]) == (0, values[0], n - 1, values[-1])
     dec = Decimator(300)
     dec.update(steps, values)
     px, py = dec.points(steps, values)

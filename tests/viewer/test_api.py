@@ -136,7 +136,7 @@ TRAVERSALS = [
     "/static/../server.py",
     "/app.js/../server.py",
     "/vendor/../server.py",
-    "/vendor/plotly.min.js/../../__init__.py",
+    "/vendor/chart.js/../../__init__.py",
     "/..\\server.py",
     "/%2e%2e%5cserver.py",
     "//etc/passwd",
@@ -157,21 +157,24 @@ def test_path_traversal_refused(big, path):
     assert b"root:" not in body and b"import " not in body
 
 
-def test_static_files_and_plotly_from_its_package(big):
+def test_static_files_and_the_chart_component_shared_with_the_panel(big):
     _, _, client = big
-    import plotly
-
-    from msmon_nb.viewer.static import plotly_js
+    from msmon_nb.metrics.charts import CHART_ASSETS
+    from msmon_nb.notebook.widget import PanelWidget
 
     status, headers, body = client.request("/")
     assert status == 200 and headers["Content-Type"].startswith("text/html")
-    assert b"/vendor/plotly.min.js" in body and b"https://" not in body
+    assert b"/vendor/chart.js" in body and b"/vendor/uPlot.iife.min.js" in body
+    assert b"https://" not in body and b"plotly" not in body
     assert "script-src 'self'" in headers["Content-Security-Policy"]
-    status, headers, body = client.request("/vendor/plotly.min.js")
-    assert status == 200 and body == plotly_js().read_bytes()
-    assert str(plotly_js()).startswith(str(plotly.__path__[0]))
+    status, headers, body = client.request("/vendor/chart.js")
+    assert status == 200 and body == (CHART_ASSETS / "chart.js").read_bytes()
+    # the very code the notebook panel's module is made of
+    assert body.decode() in PanelWidget._esm
+    status, headers, body = client.request("/vendor/uPlot.iife.min.js")
+    assert status == 200 and body.decode() in PanelWidget._esm
     status, headers, gz = client.request(
-        "/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"}
+        "/vendor/uPlot.iife.min.js", headers={"Accept-Encoding": "gzip"}
     )
     assert headers["Content-Encoding"] == "gzip" and len(gz) < len(body) / 2
     status, _, js = client.request("/app.js")

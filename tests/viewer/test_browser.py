@@ -1,4 +1,9 @@
-"""The page in real headless Chromium: live tail, two runs, box-zoom to raw points, NaN marker.
+"""The page in real headless Chromium: live tail, two runs, box-zoom to raw points, NaN marker,
+the panel's chart order, ranks as lines or a band.
+
+The charts are the notebook panel's component (``msmon_nb/static/chart.js``): each chart
+element carries ``data-msmon-tag`` / ``data-last-step`` like the panel's, and
+``element.msmonChart.drawn()`` says what it draws.
 
 Debian's ``chromium`` driven by Playwright (``executable_path``; ``playwright install``
 cannot download browsers here). Screenshots go to ``docs/`` and the README shows one.
@@ -37,23 +42,24 @@ NAN_STEP = 500
 SPIKE_STEP = 31_337
 LOSS = "train/loss"
 
-# JavaScript helpers run in the page. Traces carry ``meta``: series, smoothed,
-# nonfinite, alert.
-TRACES = """([tag, meta]) => {
-  const gd = document.getElementById('chart-' + tag);
-  if (!gd || !gd.data) return [];
-  return gd.data.filter((t) => t.meta === meta)
-    .map((t) => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y), text: t.text || null}));
-}"""
-DRAG_BOX = """([tag, x0, x1]) => {
-  const gd = document.getElementById('chart-' + tag);
-  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-  const box = gd.getBoundingClientRect();
-  return {
-    x0: box.left + xa._offset + xa.l2p(x0), x1: box.left + xa._offset + xa.l2p(x1),
-    y0: box.top + ya._offset + 5, y1: box.top + ya._offset + ya._length - 5,
-  };
-}"""
+# JavaScript helpers run in the page: what the chart of a tag draws (chart.js's drawn())
+CHART = "(t) => document.querySelector(`#charts .msmon-chart[data-msmon-tag='${t}']`)"
+DRAWN = f"(t) => ({CHART})(t)?.msmonChart.drawn()"
+LINES = f"""([t, role]) => {{
+  const d = ({DRAWN})(t);
+  return d ? d.lines.filter((l) => l.role === role) : [];
+}}"""
+DRAG_BOX = f"""([t, x0, x1]) => {{
+  const u = ({CHART})(t).msmonChart.plot;
+  const box = u.over.getBoundingClientRect();
+  return {{
+    x0: box.left + u.valToPos(x0, 'x'), x1: box.left + u.valToPos(x1, 'x'),
+    y0: box.top + 5, y1: box.bottom - 5,
+  }};
+}}"""
+ORDER = (
+    "() => [...document.querySelectorAll('#charts .msmon-chart')].map((e) => e.dataset.msmonTag)"
+)
 
 
 def chromium_path() -> str:
@@ -130,7 +136,17 @@ def wait_for(page, expr: str, arg=None, timeout: float = 10_000):
     page.wait_for_function(expr, arg=arg, timeout=timeout)
 
 
+def lines(page, tag: str, role: str = "line") -> dict[str, dict]:
+    return {line["label"]: line for line in page.evaluate(LINES, [tag, role])}
+
+
+def attr(page, tag: str, name: str) -> str | None:
+    return page.evaluate(f"([t, n]) => ({CHART})(t)?.getAttribute(n)", [tag, name])
+
+
 def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_path):
+    from msmon_nb.metrics.decimate import ema
+
     shots = DOCS or tmp_path
     writer = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(base / "live"), "0.3"],
@@ -144,60 +160,39 @@ def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_pat
         page, problems = open_page(browser)
         page.goto(server.url)
 
-        # 1. the running run is selected at start and its chart gains points live
+        # 1. the running run is selected at start and its chart advances live: its
+        # data-last-step moves on within every 2 s
         wait_for(page, "() => document.querySelector('#live').textContent === 'live'")
-        wait_for(page, "(t) => (document.getElementById('chart-' + t)?.dataset.points|0) > 0", LOSS)
-        first = page.evaluate(TRACES, [LOSS, "series"])
-        assert [t["name"] for t in first] == ["live"]
-        last_x = max(first[0]["x"])
-        wait_for(
-            page,
-            """([t, x]) => {
-                 const gd = document.getElementById('chart-' + t);
-                 const s = gd.data.find((d) => d.meta === 'series' && d.name === 'live');
-                 return s && Math.max(...s.x) > x;
-               }""",
-            [LOSS, last_x],
-            timeout=5_000,
-        )
-        grown = page.evaluate(TRACES, [LOSS, "series"])[0]
-        assert len(grown["x"]) > len(first[0]["x"])
+        wait_for(page, f"(t) => (({CHART})(t)?.dataset.points|0) > 0", LOSS)
+        assert list(lines(page, LOSS)) == ["live"]
+        first_len = len(lines(page, LOSS)["live"]["xs"])
+        for _ in range(3):
+            last = int(attr(page, LOSS, "data-last-step"))
+            advanced = f"([t, s]) => (({CHART})(t).dataset.lastStep|0) > s"
+            wait_for(page, advanced, [LOSS, last], 2_000)
+        assert len(lines(page, LOSS)["live"]["xs"]) > first_len
 
         # 2. select a second run: both are compared on the same chart
         page.click("tr[data-run='baseline'] input[type=checkbox]")
-        wait_for(
-            page,
-            """(t) => document.getElementById('chart-' + t).data
-                      .filter((d) => d.meta === 'series').length === 2""",
-            LOSS,
-        )
-        runs_drawn = sorted(t["name"] for t in page.evaluate(TRACES, [LOSS, "series"]))
-        assert runs_drawn == ["baseline", "live"]
-        baseline = next(
-            t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline"
-        )
-        assert len(baseline["x"]) <= 2000 and 40.0 in baseline["y"]  # spike kept when downsampled
-        chart = page.locator(f"[id='chart-{LOSS}']")
-        assert chart.get_attribute("data-raw") == "false"
+        wait_for(page, f"(t) => ({DRAWN})(t).lines.length === 2", LOSS)
+        assert sorted(lines(page, LOSS)) == ["baseline", "live"]
+        baseline = lines(page, LOSS)["baseline"]
+        assert len(baseline["xs"]) <= 2000 and 40.0 in baseline["ys"]  # spike kept
+        assert attr(page, LOSS, "data-raw") == "false"
 
-        # 3. the NaN at step 500 is a marker, not a silent gap; the alert is marked too
-        wait_for(
-            page, "(t) => (document.getElementById('chart-' + t).dataset.nonfinite|0) > 0", LOSS
-        )
-        (marker,) = page.evaluate(TRACES, [LOSS, "nonfinite"])
-        assert NAN_STEP in marker["x"] and "NAN at step 500" in " ".join(marker["text"])
-        assert page.locator(f"[id='chart-{LOSS}'] .scatterlayer .trace .point").count() > 0
-        wait_for(
-            page,
-            "(t) => document.getElementById('chart-' + t).data.some((d) => d.meta === 'alert')",
-            LOSS,
-        )
-        (alert,) = page.evaluate(TRACES, [LOSS, "alert"])
-        assert alert["x"] == [NAN_STEP]
+        # 3. the NaN at step 500 is a mark, not a silent gap; the alert's onset is a line
+        wait_for(page, f"(t) => (({CHART})(t).dataset.nonfinite|0) > 0", LOSS)
+        marks = {m["label"]: m["marks"] for m in page.evaluate(DRAWN, LOSS)["nonfinite"]}
+        assert [NAN_STEP, "nan"] in marks["baseline"]
+        wait_for(page, f"(t) => ({DRAWN})(t).alerts.length > 0", LOSS)
+        assert [a["step"] for a in page.evaluate(DRAWN, LOSS)["alerts"]] == [NAN_STEP]
         # the listing read only the ends of baseline's file; once loaded, val/acc shows up
-        wait_for(page, "() => !!document.getElementById('chart-val/acc')")
+        wait_for(page, f"() => !!({CHART})('val/acc')")
         snapshot_row = page.locator("#snapshots tr[data-snapshot='fc1.weight']")
         assert snapshot_row.count() == 1 and snapshot_row.locator("svg rect").count() > 5
+        # the panel's order: loss, learning rate, other train/ tags (the live run's
+        # train/lr), then val/
+        assert page.evaluate(ORDER) == [LOSS, "train/learning_rate", "train/lr", "val/acc"]
         shots.mkdir(exist_ok=True)
         page.screenshot(path=str(shots / "viewer.png"), full_page=True)
 
@@ -206,48 +201,89 @@ def test_live_run_two_runs_zoom_raw_and_nan_marker(browser, base, serve, tmp_pat
         drag(page, LOSS, 0, 4000)
         wait_for(
             page,
-            """(t) => { const gd = document.getElementById('chart-' + t);
-                        const s = gd.data.find((d) => d.name === 'baseline' && d.meta === 'series');
-                        return s && Math.max(...s.x) <= 4100; }""",
+            f"""(t) => {{ const d = ({DRAWN})(t);
+                  const b = d.lines.find((l) => l.label === 'baseline');
+                  return b && Math.max(...b.xs) <= 4100; }}""",
             LOSS,
         )
-        assert chart.get_attribute("data-raw") == "false"
-        drag(page, LOSS, 380, 620)  # Plotly needs >= 20 px across to zoom x
-        wait_for(page, "(t) => document.getElementById('chart-' + t).dataset.raw === 'true'", LOSS)
-        zoomed = next(t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline")
-        lo, hi = min(zoomed["x"]), max(zoomed["x"])
+        assert attr(page, LOSS, "data-raw") == "false"
+        assert attr(page, LOSS, "data-zoomed") == "1"
+        drag(page, LOSS, 380, 620)
+        wait_for(page, f"(t) => ({CHART})(t).dataset.raw === 'true'", LOSS)
+        zoomed = lines(page, LOSS)["baseline"]
+        lo, hi = min(zoomed["xs"]), max(zoomed["xs"])
         assert 360 <= lo <= 400 and 600 <= hi <= 640
-        assert zoomed["x"] == list(range(lo, hi + 1))  # every step: raw points
-        assert zoomed["y"][zoomed["x"].index(NAN_STEP)] is None
-        (marker,) = page.evaluate(TRACES, [LOSS, "nonfinite"])
-        assert marker["x"] == [NAN_STEP]
+        assert zoomed["xs"] == list(range(lo, hi + 1))  # every step: raw points
+        assert zoomed["ys"][zoomed["xs"].index(NAN_STEP)] is None
+        marks = {m["label"]: m["marks"] for m in page.evaluate(DRAWN, LOSS)["nonfinite"]}
+        assert marks["baseline"] == [[NAN_STEP, "nan"]]
+        x_range = page.evaluate(DRAWN, LOSS)["xRange"]
+        assert lo - 1 <= x_range[0] and x_range[1] <= hi + 1  # the axis shows the zoom
         page.screenshot(path=str(shots / "viewer-zoom.png"))
 
-        # 5. smoothing and log scale act on the drawn charts
+        # 5. smoothing: the page's EMA is msmon_nb.metrics.decimate.ema on the same points
         page.locator("#smooth").fill("0.9")
-        wait_for(
-            page,
-            "(t) => document.getElementById('chart-' + t).data.some((d) => d.meta === 'smoothed')",
-            LOSS,
-        )
-        smoothed = page.evaluate(TRACES, [LOSS, "smoothed"])
-        expected = page.evaluate(
-            "(ys) => window.msmon.ema(ys, 0.9)",
-            next(t for t in page.evaluate(TRACES, [LOSS, "series"]) if t["name"] == "baseline")[
-                "y"
-            ],
-        )
-        assert next(t for t in smoothed if t["name"] == "baseline")["y"] == expected
+        wait_for(page, f"(t) => ({LINES})([t, 'smoothed']).length > 0", LOSS)
+        raw_ys = lines(page, LOSS)["baseline"]["ys"]
+        smoothed = lines(page, LOSS, "smoothed")["baseline"]["ys"]
+        expected = ema(np.array([np.nan if v is None else v for v in raw_ys]), 0.9)
+        assert len(smoothed) == len(expected)
+        for got, want in zip(smoothed, expected, strict=True):
+            assert (got is None and not np.isfinite(want)) or got == pytest.approx(want, rel=1e-12)
+        # log axis; double-click returns to the whole run
         page.select_option("#yscale", "log")
+        wait_for(page, f"(t) => ({CHART})(t).dataset.scale === 'log'", LOSS)
+        box = page.evaluate(DRAG_BOX, [LOSS, 450, 550])
+        page.mouse.dblclick((box["x0"] + box["x1"]) / 2, (box["y0"] + box["y1"]) / 2)
         wait_for(
             page,
-            "(t) => document.getElementById('chart-' + t)._fullLayout.yaxis.type === 'log'",
+            f"""(t) => {{ const b = ({DRAWN})(t).lines.find((l) => l.label === 'baseline');
+                  return b && Math.max(...b.xs) > 40000; }}""",
             LOSS,
         )
+        assert attr(page, LOSS, "data-zoomed") == "0"
         assert problems == []
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_chart_order_is_the_panels_on_the_demo_and_a_mindspore_run(
+    browser, serve, tmp_path, mindspore_run
+):
+    """The demo's run (msmon demo, real training) and SummaryRecord's own files."""
+    import shutil
+
+    subprocess.run(
+        [sys.executable, "-m", "msmon_nb.cli", "demo", "--steps", "60", "--no-view",
+         "--dir", str(tmp_path / "demo")],
+        check=True, capture_output=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    from msmon_nb import load_runs
+    from msmon_nb.metrics.charts import plan_charts
+
+    (demo,) = load_runs(tmp_path / "demo")
+    expected = [c.tags[0] for c in plan_charts(demo.tags(), placeholders=False)]
+    assert expected[:4] == [LOSS, "train/grad_norm", "train/learning_rate", "train/throughput"]
+    server, _ = serve(tmp_path / "demo")
+    page, problems = open_page(browser)
+    page.goto(server.url)
+    wait_for(page, "(n) => document.querySelectorAll('#charts .msmon-chart').length === n",
+             len(expected))  # fmt: skip
+    assert page.evaluate(ORDER) == expected
+    assert "train/global_step" not in page.evaluate(ORDER)
+    for tag in expected:  # every chart drew up to the run's last step of its tag
+        wait_for(page, f"(t) => (({CHART})(t).dataset.points|0) > 0", tag)
+        assert int(attr(page, tag, "data-last-step")) == int(demo.scalars(tag).steps[-1])
+    page.screenshot(path=str((DOCS or tmp_path) / "viewer-demo.png"), full_page=True)
+
+    shutil.copytree(mindspore_run, tmp_path / "ms" / "ms_run")
+    server, _ = serve(tmp_path / "ms")
+    page.goto(server.url)
+    wait_for(page, "() => document.querySelectorAll('#charts .msmon-chart').length === 2")
+    assert page.evaluate(ORDER) == ["loss", "acc"]
+    wait_for(page, f"(t) => ({CHART})(t).dataset.lastStep === '30'", "loss")
+    assert problems == []
 
 
 RANK_STEPS, DEAD_AFTER, SLOW_FROM = 300, 179, 120
@@ -277,8 +313,7 @@ def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tm
     server, _ = serve(ranked_base)
     page, problems = open_page(browser)
     page.goto(server.url)
-    series_names = """(t) => (document.getElementById('chart-' + t)?.data || [])
-        .filter((d) => d.meta === 'series').map((d) => d.name).sort().join('|')"""
+    names = f"(t) => (({DRAWN})(t)?.lines || []).map((l) => l.label).sort().join('|')"
 
     # 1. the run list shows both ranks with their last step and status; rank 1 is flagged
     row = page.locator("tr[data-ranks-of='job']")
@@ -294,30 +329,23 @@ def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tm
     assert "1 stopped" in row.locator("summary").inner_text()
 
     # 2. two ranks start as one line each, in the run's colour family
-    wait_for(page, f"(t) => ({series_names})(t) === 'job rank 0|job rank 1'", LOSS)
-    lines = {t["name"]: t for t in page.evaluate(TRACES, [LOSS, "series"])}
-    assert max(lines["job rank 0"]["x"]) == RANK_STEPS - 1
-    assert max(lines["job rank 1"]["x"]) == DEAD_AFTER
-    assert page.evaluate(TRACES, [LOSS, "band"]) == []
+    wait_for(page, f"(t) => ({names})(t) === 'job rank 0|job rank 1'", LOSS)
+    drawn = lines(page, LOSS)
+    assert max(drawn["job rank 0"]["xs"]) == RANK_STEPS - 1
+    assert max(drawn["job rank 1"]["xs"]) == DEAD_AFTER
+    assert page.evaluate(LINES, [LOSS, "lo"]) == []
 
-    # 3. rank alerts are markers labelled with their rank: rank_stopped on every chart,
-    # the straggler on train/step_time
-    has_alert = (
-        "(t) => (document.getElementById('chart-' + t)?.data || []).some((d) => d.meta === 'alert')"
-    )
+    # 3. rank alerts are onset lines labelled with their rank: rank_stopped on every
+    # chart, the straggler on train/step_time
+    has_alert = f"(t) => (({DRAWN})(t)?.alerts || []).length > 0"
     wait_for(page, has_alert, "train/step_time")
-    (marks,) = page.evaluate(TRACES, ["train/step_time", "alert"])
-    assert marks["text"] == ["rank 1", "rank 1"]
-    assert sorted(marks["x"]) == [SLOW_FROM + 2, RANK_STEPS - 1]  # confirmed at, stopped by
+    marks = page.evaluate(DRAWN, "train/step_time")["alerts"]
+    assert [m["label"] for m in marks] == ["rank 1", "rank 1"]
+    steps = sorted(m["step"] for m in marks)
+    assert SLOW_FROM <= steps[0] <= SLOW_FROM + 2 and DEAD_AFTER <= steps[1] <= RANK_STEPS - 1
     wait_for(page, has_alert, LOSS)
-    (marks,) = page.evaluate(TRACES, [LOSS, "alert"])
-    assert marks["text"] == ["rank 1"] and marks["x"] == [RANK_STEPS - 1]
-    hover = page.evaluate(
-        "(t) => document.getElementById('chart-' + t).data"
-        ".find((d) => d.meta === 'alert').hovertext",
-        LOSS,
-    )
-    assert "job rank 1: rank 1 stopped writing after step 179" in hover[0]
+    marks = page.evaluate(DRAWN, LOSS)["alerts"]
+    assert [m["label"] for m in marks] == ["rank 1"] and marks[0]["step"] == steps[1]
     kinds = page.locator("#alerts tbody tr").evaluate_all(
         "(rows) => rows.map((r) => [r.dataset.kind, r.dataset.rank])"
     )
@@ -325,13 +353,14 @@ def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tm
 
     # 4. the toggle switches the run to a band: the mean line and the ranks' min..max
     row.locator(".rank-mode button[data-mode='band']").click()
-    wait_for(page, f"(t) => ({series_names})(t) === 'job mean of 2 ranks'", LOSS)
-    (mean,) = page.evaluate(TRACES, [LOSS, "series"])
-    low, high = page.evaluate(TRACES, [LOSS, "band"])
-    assert mean["x"] == low["x"] == high["x"] and len(mean["x"]) == RANK_STEPS
-    for m, lo, hi in zip(mean["y"], low["y"], high["y"], strict=True):
+    wait_for(page, f"(t) => ({names})(t) === 'job max|job mean of 2 ranks|job min'", LOSS)
+    (mean,) = lines(page, LOSS).values()
+    (low,) = lines(page, LOSS, "lo").values()
+    (high,) = lines(page, LOSS, "hi").values()
+    assert mean["xs"] == low["xs"] == high["xs"] and len(mean["xs"]) == RANK_STEPS
+    for m, lo, hi in zip(mean["ys"], low["ys"], high["ys"], strict=True):
         assert lo <= m <= hi
-    assert any(hi - lo > 0.05 for lo, hi in zip(low["y"], high["y"], strict=True))
+    assert any(hi - lo > 0.05 for lo, hi in zip(low["ys"], high["ys"], strict=True))
     assert row.locator("button[data-mode='band']").get_attribute("aria-pressed") == "true"
     assert row.locator("button[data-mode='lines']").get_attribute("aria-pressed") == "false"
     shots.mkdir(exist_ok=True)
@@ -339,6 +368,6 @@ def test_ranks_as_lines_or_band_with_rank_alerts(browser, ranked_base, serve, tm
 
     # 5. and back to one line per rank
     row.locator(".rank-mode button[data-mode='lines']").click()
-    wait_for(page, f"(t) => ({series_names})(t) === 'job rank 0|job rank 1'", LOSS)
-    assert page.evaluate(TRACES, [LOSS, "band"]) == []
+    wait_for(page, f"(t) => ({names})(t) === 'job rank 0|job rank 1'", LOSS)
+    assert page.evaluate(LINES, [LOSS, "lo"]) == []
     assert problems == []

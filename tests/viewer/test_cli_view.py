@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -126,17 +127,24 @@ def test_demo_ends_serving_its_run_until_ctrl_c(tmp_path):
         assert code == 0
 
 
-def test_view_without_plotly_js_says_how_to_fix(tmp_path):
-    fake = tmp_path / "shadow" / "plotly"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")  # a plotly without its package_data
+def test_view_with_a_chart_file_missing_says_how_to_fix(tmp_path):
+    """An install that lost msmon_nb/static/chart.js (a copy of the package without it)."""
+    import shutil
+
+    import msmon_nb
+
+    copy = tmp_path / "site" / "msmon_nb"
+    shutil.copytree(Path(msmon_nb.__file__).parent, copy)
+    (copy / "static" / "chart.js").unlink()
     proc = subprocess.run(
         msmon_cmd("view", str(tmp_path), "--port", "0"),
         capture_output=True,
         text=True,
         timeout=60,
-        env=dict(os.environ, PYTHONPATH=str(tmp_path / "shadow")),
+        env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
+        cwd=tmp_path,
     )
-    assert proc.returncode == 1
-    assert "msmon view: error:" in proc.stderr and "pip install" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "msmon view: error:" in proc.stderr and "chart.js is missing" in proc.stderr
+    assert "pip install --force-reinstall msmon_nb" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -12,8 +12,8 @@ import pytest
 from msmon_nb.events.index import RunIndex
 from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter
+from msmon_nb.metrics.decimate import downsample_band
 from msmon_nb.rundir import ALERTS, MARKER, write_marker
-from msmon_nb.viewer.downsample import downsample_band
 from msmon_nb.viewer.rankmerge import RankedRun, merge_ranks
 from msmon_nb.viewer.store import RunStore
 from tests.support.synth import write_ranked_run

@@ -5,12 +5,13 @@
 // packed in one binary float64 buffer, the status line's numbers, and the alerts
 // and snapshot table when they changed. This module keeps the points per key, bounded by
 // its own min/max decimation (so a one-step spike always survives), and draws them with
-// uPlot (prepended to this file by the kernel, see widget.py). Smoothing, log/linear,
-// hover, box zoom and double-click reset happen here with no kernel round trip.
+// the chart component msmon view draws with too (msmon_nb/static/chart.js, prepended to
+// this file with uPlot by the kernel, see widget.py). Smoothing, log/linear, hover, box
+// zoom and double-click reset happen there with no kernel round trip.
 //
 // Protocol (kernel -> page): {type: "reset" | "append", status, charts?, keys: [key],
 //   counts: [n], nonfinite: {key: [[step, "nan" | "inf" | "-inf"]]}, alerts?,
-//   snapshots_html?, seq} with one buffer of float64: n steps then n values, key after
+//   snapshots?: [{step, name, label, reason, shape, dtype, stats, histogram}], seq} with one buffer of float64: n steps then n values, key after
 //   key; synced state `initial` (+ `initial_data`): a whole reset holding updates up to
 //   its `seq` (kept current while no hello came through, see render()).
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
@@ -23,24 +24,9 @@
 // Test contract: every chart element carries data-msmon-tag and data-last-step; the
 // status line contains "step N"; the buttons read Pause/Resume and Stop.
 
-const CAP = 4000; // points kept per key before the page decimates them to half
 const ACK_MS = 2000; // a control click unanswered this long shows the terminal command
-const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
-  "#17becf", "#bcbd22"];
-const SEVERITY = { critical: "#b71c1c", warning: "#e65100", info: "#1565c0" };
 const STATE_COLOR = { running: "#2e7d32", paused: "#e65100", finished: "#555",
   following: "#1565c0" };
-
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v;
-    else if (k === "text") node.textContent = v;
-    else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c);
-  return node;
-}
 
 function shellQuote(text) {
   // a path as a POSIX shell word: bare when it is plain, else in single quotes
@@ -53,249 +39,27 @@ function f64(view) {
   return new Float64Array(bytes);
 }
 
-function fmtNum(v) {
-  if (v == null || Number.isNaN(v)) return "-";
-  if (!Number.isFinite(v)) return v > 0 ? "inf" : "-inf";
-  const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
-  return String(Number(v.toPrecision(5)));
-}
-
 function fmtSecs(s) {
   s = Math.max(0, Math.floor(s));
   const p = (n) => String(n).padStart(2, "0");
   return `${Math.floor(s / 3600)}:${p(Math.floor(s / 60) % 60)}:${p(s % 60)}`;
 }
 
-// min/max decimation of one key's points to about half of CAP, keeping extremes
-function halve(xs, ys) {
-  const n = xs.length;
-  const buckets = CAP / 4;
-  const size = n / buckets;
-  const ox = [];
-  const oy = [];
-  for (let b = 0; b < buckets; b++) {
-    const lo = Math.floor(b * size);
-    const hi = Math.min(n, Math.floor((b + 1) * size));
-    if (hi <= lo) continue;
-    let imin = -1;
-    let imax = -1;
-    for (let i = lo; i < hi; i++) {
-      const v = ys[i];
-      if (v == null || !Number.isFinite(v)) continue;
-      if (imin < 0 || v < ys[imin]) imin = i;
-      if (imax < 0 || v > ys[imax]) imax = i;
-    }
-    if (imin < 0) continue;
-    for (const i of imin === imax ? [imin] : [Math.min(imin, imax), Math.max(imin, imax)]) {
-      ox.push(xs[i]);
-      oy.push(ys[i]);
-    }
-  }
-  // the newest point stays exact: the status and data-last-step read it
-  if (ox[ox.length - 1] !== xs[n - 1]) {
-    ox.push(xs[n - 1]);
-    oy.push(ys[n - 1]);
-  }
-  return [ox, oy];
-}
-
-// TensorBoard's debiased EMA; gaps stay gaps
-function ema(ys, w) {
-  const out = new Array(ys.length);
-  let last = 0;
-  let count = 0;
-  for (let i = 0; i < ys.length; i++) {
-    const v = ys[i];
-    if (v == null || !Number.isFinite(v)) { out[i] = null; continue; }
-    last = last * w + (1 - w) * v;
-    count += 1;
-    out[i] = last / (1 - Math.pow(w, count));
-  }
-  return out;
-}
-
 function baseTag(key) { return key.split("@")[0]; }
 
-function alertTag(a) {
-  if (a.tag) return a.tag;
-  const k = String(a.kind || "");
-  if (k.startsWith("grad")) return "train/grad_norm";
-  if (k.startsWith("lr")) return "train/learning_rate";
-  if (k.startsWith("data")) return "train/data_time";
-  return "train/loss";
-}
-
-class Chart {
-  constructor(panel, spec) {
-    this.panel = panel;
-    this.spec = spec; // {title, keys, log}
-    this.tags = [...new Set(spec.keys.map(baseTag))];
-    this.el = h("div", { class: "msmon-chart", "data-msmon-tag": this.tags[0] || spec.title,
-      "data-last-step": "-1" });
-    // one element per further tag of a grouped chart, so each tag can be found
-    this.extra = this.tags.slice(1).map((t) => h("span", { class: "msmon-tagmark",
-      "data-msmon-tag": t, "data-last-step": "-1" }));
-    this.title = h("div", { class: "msmon-chart-title", text: spec.title });
-    this.box = h("div", { class: "msmon-chart-box" });
-    this.empty = h("div", { class: "msmon-empty", text: "waiting for data" });
-    this.el.append(this.title, this.box, this.empty, ...this.extra);
-    this.plot = null;
-    this.zoomed = false;
-    this.builtFor = "";
-  }
-
-  log() {
-    const scale = this.panel.scale;
-    if (scale === "log") return true;
-    if (scale === "linear") return false;
-    return !!this.spec.log;
-  }
-
-  // the uPlot series list: one per key; a smoothed twin per key when smoothing is on
-  layout() {
-    const smooth = this.panel.smooth > 0;
-    const series = [{ label: "step" }];
-    const keys = this.spec.keys.filter((k) => this.panel.data.has(k));
-    const bands = [];
-    keys.forEach((key, i) => {
-      const color = key.endsWith("@min") || key.endsWith("@max")
-        ? "rgba(120,120,120,0.6)" : COLORS[i % COLORS.length];
-      const label = this.spec.keys.length > 1 ? key : baseTag(key);
-      series.push({ label, stroke: color, width: smooth ? 1 : 1.5, spanGaps: true,
-        alpha: smooth ? 0.35 : 1, points: { show: false },
-        value: (u, v) => fmtNum(v) });
-      if (smooth) {
-        series.push({ label: `${label} (smoothed)`, stroke: color, width: 2, spanGaps: true,
-          points: { show: false }, value: (u, v) => fmtNum(v) });
-      }
-    });
-    const per = smooth ? 2 : 1;
-    const iMin = keys.findIndex((k) => k.endsWith("@min"));
-    const iMax = keys.findIndex((k) => k.endsWith("@max"));
-    if (iMin >= 0 && iMax >= 0) {
-      bands.push({ series: [1 + iMax * per, 1 + iMin * per], fill: "rgba(120,120,120,0.15)" });
-    }
-    return { keys, series, bands };
-  }
-
-  build(width) {
-    const { keys, series, bands } = this.layout();
-    const sig = `${keys.join(",")}|${this.log()}|${this.panel.smooth > 0}`;
-    if (this.plot && sig === this.builtFor) return;
-    if (this.plot) this.plot.destroy();
-    this.builtFor = sig;
-    this.keys = keys;
-    const log = this.log();
-    const chart = this;
-    const opts = {
-      width: Math.max(200, width),
-      height: 190,
-      legend: { show: true, live: true },
-      cursor: { drag: { x: true, y: true, uni: 30 }, points: { size: 5 } },
-      scales: { x: { time: false }, y: log ? { distr: 3, log: 10 } : { distr: 1 } },
-      axes: [
-        { size: 28, font: "11px sans-serif" },
-        { size: 56, font: "11px sans-serif", values: (u, vals) => vals.map((v) => (v == null ? "" : fmtNum(v))) },
-      ],
-      series,
-      bands,
-      hooks: {
-        setSelect: [(u) => { if (u.select.width > 0) chart.setZoomed(true); }],
-        draw: [(u) => chart.decorate(u)],
-      },
-    };
-    this.plot = new uPlot(opts, this.data(), this.box);
-    this.plot.over.addEventListener("dblclick", () => chart.setZoomed(false));
-    this.el.dataset.scale = log ? "log" : "linear";
-  }
-
-  // while zoomed, new points do not reset the view; double-click returns to the whole run
-  setZoomed(on) {
-    this.zoomed = on;
-    this.el.dataset.zoomed = on ? "1" : "0";
-  }
-
-  data() {
-    const panel = this.panel;
-    const log = this.log();
-    const smooth = panel.smooth;
-    const tables = [];
-    for (const key of this.keys || []) {
-      const d = panel.data.get(key);
-      let ys = d.ys;
-      if (log) ys = ys.map((v) => (v > 0 ? v : null));
-      const cols = [d.xs, ys];
-      if (smooth > 0) cols.push(ema(ys, smooth));
-      tables.push(cols);
-    }
-    if (tables.length === 0) return [[]];
-    if (tables.length === 1) return tables[0];
-    return uPlot.join(tables);
-  }
-
-  lastStep() {
-    let last = -1;
-    for (const key of this.spec.keys) {
-      const d = this.panel.data.get(key);
-      if (d && d.xs.length) last = Math.max(last, d.xs[d.xs.length - 1]);
-    }
-    return last;
-  }
-
-  update(width) {
-    const has = this.spec.keys.some((k) => this.panel.data.has(k));
-    this.empty.style.display = has ? "none" : "";
-    if (!has) return;
-    this.build(width);
-    this.plot.setData(this.data(), !this.zoomed);
-    const last = String(this.lastStep());
-    this.el.setAttribute("data-last-step", last);
-    for (const mark of this.extra) {
-      let l = -1;
-      for (const key of this.spec.keys) {
-        const d = this.panel.data.get(key);
-        if (baseTag(key) === mark.dataset.msmonTag && d && d.xs.length) {
-          l = Math.max(l, d.xs[d.xs.length - 1]);
-        }
-      }
-      mark.setAttribute("data-last-step", String(l));
-    }
-  }
-
-  resize(width) {
-    if (this.plot) this.plot.setSize({ width: Math.max(200, width), height: 190 });
-  }
-
-  // NaN/Inf ticks on the top edge, alert onsets as dashed vertical lines
-  decorate(u) {
-    const ctx = u.ctx;
-    const { left, top, width, height } = u.bbox;
-    const x = (step) => u.valToPos(step, "x", true);
-    ctx.save();
-    ctx.beginPath();
-    ctx.rect(left, top, width, height);
-    ctx.clip();
-    for (const key of this.keys || []) {
-      for (const [step] of this.panel.nonfinite.get(key) || []) {
-        const px = x(step);
-        ctx.fillStyle = "#d32f2f";
-        ctx.fillRect(px - 1.5, top, 3, 9 * devicePixelRatio);
-      }
-    }
-    ctx.setLineDash([4, 3]);
-    ctx.lineWidth = 1.5;
-    for (const a of this.panel.alerts) {
-      if (!this.tags.includes(alertTag(a))) continue;
-      const px = x(a.since_step ?? a.step);
-      ctx.strokeStyle = SEVERITY[a.severity] || "#333";
-      ctx.beginPath();
-      ctx.moveTo(px, top);
-      ctx.lineTo(px, top + height);
-      ctx.stroke();
-    }
-    ctx.restore();
-  }
+// The series of one planned chart ({title, keys, log}) from the panel's points: a
+// distributed run's @min/@max keys are the band's edges.
+function seriesOf(panel, spec) {
+  const out = [];
+  spec.keys.forEach((key, i) => {
+    const d = panel.data.get(key);
+    if (!d) return;
+    const band = key.endsWith("@min") ? "lo" : key.endsWith("@max") ? "hi" : null;
+    out.push({ label: spec.keys.length > 1 ? key : baseTag(key), tag: baseTag(key),
+      color: band ? null : MSMON_COLORS[i % MSMON_COLORS.length], xs: d.xs, ys: d.ys, band,
+      nonfinite: panel.nonfinite.get(key) || [] });
+  });
+  return out;
 }
 
 class Panel {
@@ -387,9 +151,11 @@ class Panel {
     const sig = JSON.stringify(specs);
     if (sig === JSON.stringify(this.chartSpecs)) return;
     this.chartSpecs = specs;
-    for (const c of this.charts) if (c.plot) c.plot.destroy();
+    for (const c of this.charts) c.destroy();
     this.grid.replaceChildren();
-    this.charts = specs.map((s) => new Chart(this, s));
+    this.charts = specs.map((s) => new MsmonChart({ title: s.title, tags: s.keys.map(baseTag),
+      log: s.log }));
+    this.charts.forEach((c, i) => { c.keys = specs[i].keys; });
     for (const c of this.charts) this.grid.append(c.el);
   }
 
@@ -443,7 +209,7 @@ class Panel {
         d.xs.push(xs[j]);
         d.ys.push(Number.isFinite(ys[j]) ? ys[j] : null); // NaN/Inf: marked, not drawn
       }
-      if (d.xs.length > CAP) [d.xs, d.ys] = halve(d.xs, d.ys);
+      if (d.xs.length > MSMON_CAP) [d.xs, d.ys] = halve(d.xs, d.ys);
       touched.add(key);
     });
     for (const [key, marks] of Object.entries(msg.nonfinite || {})) {
@@ -453,7 +219,7 @@ class Panel {
       touched.add(key);
     }
     if (msg.alerts) { this.alerts = msg.alerts; this.renderAlerts(); }
-    if (msg.snapshots_html != null) this.snapsEl.innerHTML = msg.snapshots_html;
+    if (msg.snapshots) this.renderSnapshots(msg.snapshots);
     if (msg.status) {
       this.status = msg.status;
       this.statusAt = performance.now();
@@ -467,8 +233,8 @@ class Panel {
     }
     const width = this.chartWidth();
     for (const c of this.charts) {
-      if (msg.type === "reset" || msg.alerts || c.spec.keys.some((k) => touched.has(k))) {
-        c.update(width);
+      if (msg.type === "reset" || msg.alerts || c.keys.some((k) => touched.has(k))) {
+        this.draw(c, width);
       }
     }
     this.renderStatus();
@@ -505,20 +271,51 @@ class Panel {
       .map(([k, m]) => [k, Math.min(...m.map((x) => x[0]))])
       .sort((a, b) => a[1] - b[1]);
     for (const [key, step] of nf) {
-      items.push(h("li", { style: `color:${SEVERITY.critical}` },
+      items.push(h("li", { style: `color:${MSMON_SEVERITY.critical}` },
         h("b", { text: "NaN/Inf" }), " in ", h("code", { text: key }), ` since step ${step}`));
     }
     for (const a of this.alerts) {
-      items.push(h("li", { style: `color:${SEVERITY[a.severity] || "#333"}` },
+      items.push(h("li", { style: `color:${MSMON_SEVERITY[a.severity] || "#333"}` },
         h("b", { text: a.kind }), ` since step ${a.since_step ?? a.step}: ${a.message || ""}`));
     }
     this.alertsEl.replaceChildren(items.length ? h("ul", {}, ...items)
       : h("span", { class: "msmon-ok", text: "no alerts" }));
   }
 
+  // the newest snapshots, one row each with its histogram (the viewer's table's cells)
+  renderSnapshots(list) {
+    if (!list.length) { this.snapsEl.replaceChildren(); return; }
+    const head = h("tr", {}, ...["step", "tensor", "reason", "shape", "dtype", "min", "max",
+      "mean", "std", "NaN/Inf", "histogram"].map((t) => h("th", { text: t })));
+    const rows = list.map((e) => {
+      const st = e.stats || {};
+      const bad = (st.nan_count || 0) + (st.inf_count || 0);
+      const row = h("tr", { "data-snapshot": String(e.name) },
+        h("td", { text: String(e.step) }), h("td", {}, h("code", { text: String(e.label ?? e.name) })),
+        h("td", { text: e.reason || "" }), h("td", { text: `(${(e.shape || []).join(", ")})` }),
+        h("td", { text: e.dtype || "" }),
+        ...["min", "max", "mean", "std"].map((k) => h("td", { text: fmtNum(st[k]) })),
+        h("td", { text: `${st.nan_count || 0}/${st.inf_count || 0}` }),
+        h("td", {}, histogramSVG(e.histogram, 120, 28)));
+      if (bad) row.style.color = MSMON_SEVERITY.critical;
+      return row;
+    });
+    const details = h("details", {}, h("summary", {}, h("b", { text: "snapshots" }),
+      ` (${list.length} shown)`), h("table", { class: "msmon-snaps" }, head, ...rows));
+    details.open = true;
+    this.snapsEl.replaceChildren(details);
+  }
+
+  draw(chart, width) {
+    const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
+      severity: a.severity, tag: alertTag(a) }));
+    chart.set(seriesOf(this, { keys: chart.keys }), { smooth: this.smooth, scale: this.scale,
+      alerts, width });
+  }
+
   redrawAll() {
     const width = this.chartWidth();
-    for (const c of this.charts) c.update(width);
+    for (const c of this.charts) this.draw(c, width);
   }
 
   resizeAll() {
@@ -530,7 +327,7 @@ class Panel {
     clearInterval(this.ticker);
     for (const timer of this.pending.values()) clearTimeout(timer);
     this.resizer.disconnect();
-    for (const c of this.charts) if (c.plot) c.plot.destroy();
+    for (const c of this.charts) c.destroy();
   }
 }
 

@@ -1,6 +1,8 @@
-// msmon view: run list, charts per tag comparing the selected runs, live tail, zoom to raw.
+// msmon view: run list, the selected runs' charts compared, live tail, zoom to raw.
 //
-// Data contract (msmon_nb/viewer/api.py): /api/scalars returns min/max-downsampled points;
+// The charts are the notebook panel's: planned by the same code (/api/charts, in the
+// panel's order) and drawn by the same component (/vendor/chart.js: MsmonChart, ema,
+// fmtNum, histogramSVG, h), loaded before this file. Data contract (msmon_nb/viewer/api.py): /api/scalars returns min/max-downsampled points;
 // a non-finite value is null in `values` and listed in `nonfinite` with its kind, so it is
 // drawn as a marker instead of vanishing. Zooming refetches the visible step range, which
 // the server returns raw once it holds few enough points.
@@ -13,7 +15,6 @@
 const MAX_POINTS = 1000;
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-const GROUP_ORDER = ["train", "val", "sys"];
 const FETCH_CONCURRENCY = 4;
 const LINES_UP_TO = 8;    // runs with more ranks start as a band
 
@@ -21,29 +22,22 @@ const state = {
   runs: [],               // from /api/runs
   selected: new Set(),    // run names
   colors: new Map(),      // run name -> colour, stable while the page lives
-  charts: new Map(),      // tag -> {div, zoom: [x0, x1] | null, data: Map(run -> drawn)}
-                          // drawn: {mode: "single" | "band", series} or {mode: "lines", ranks: [[k, series]]}
+  plan: [],               // from /api/charts: [{title, tags, log, group}]
+  charts: new Map(),      // chart id -> {spec, chart: MsmonChart, zoom: [x0, x1] | null,
+                          //   data: Map("run\ttag" -> drawn)}; drawn: {mode: "single" | "band",
+                          //   series} or {mode: "lines", ranks: [[k, series]]}
   rankMode: new Map(),    // run -> "lines" | "band", for runs with several ranks
   ranksOpen: new Map(),   // run -> whether its rank list is unfolded
   alerts: new Map(),      // run -> [alert]
   snapshots: new Map(),   // run -> [snapshot]
-  yscale: "linear",
+  yscale: "auto",
   smoothing: 0,
   token: null,            // from /api/info: sent back with each control request
 };
 
 // --- small helpers -------------------------------------------------------------------
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
-    else node.setAttribute(key, value);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
+const el = h; // the chart component's DOM helper
 
 async function getJSON(url) {
   const resp = await fetch(url, { cache: "no-store" });
@@ -78,26 +72,7 @@ function age(seconds) {
   return `${Math.floor(delta)}s`;
 }
 
-function fmt(value) {
-  if (value == null) return "-";
-  if (typeof value === "string") return value;  // "nan", "inf", "-inf" from the API
-  if (Number.isInteger(value)) return String(value);
-  return Number(value).toPrecision(5);
-}
-
-// TensorBoard's debiased exponential moving average; non-finite points stay gaps.
-function ema(values, weight) {
-  const out = [];
-  let last = 0;
-  let count = 0;
-  for (const v of values) {
-    if (v == null || !Number.isFinite(v)) { out.push(null); continue; }
-    last = last * weight + (1 - weight) * v;
-    count += 1;
-    out.push(weight > 0 ? last / (1 - Math.pow(weight, count)) : v);
-  }
-  return out;
-}
+const fmt = fmtNum;
 
 function colorOf(run) {
   if (!state.colors.has(run)) state.colors.set(run, PALETTE[state.colors.size % PALETTE.length]);
@@ -111,11 +86,6 @@ function rankColor(run, index, count) {
   const mix = (c) => Math.round(t < 0 ? c * (1 + t) : c + (255 - c) * t);
   const [r, g, b] = [1, 3, 5].map((i) => mix(parseInt(base.slice(i, i + 2), 16)));
   return `rgb(${r}, ${g}, ${b})`;
-}
-
-function withAlpha(hex, alpha) {
-  const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
-  return `rgba(${r}, ${g}, ${b}, ${alpha})`;
 }
 
 function isRanked(run) {
@@ -160,6 +130,7 @@ async function loadRuns() {
     return;
   }
   renderRuns();
+  await loadPlan();
   syncCharts();
 }
 
@@ -268,9 +239,9 @@ function setRankMode(name, mode) {
   if (state.rankMode.get(name) === mode) return;
   state.rankMode.set(name, mode);
   renderRuns();
-  for (const [tag, chart] of state.charts) {
-    chart.data.delete(name);
-    fetchChart(tag, name);
+  for (const [id, c] of state.charts) {
+    for (const key of [...c.data.keys()]) if (key.split("\t")[0] === name) c.data.delete(key);
+    fetchChart(id, name);
   }
 }
 
@@ -287,46 +258,62 @@ function selectedRuns() {
   return state.runs.filter((r) => state.selected.has(r.name));
 }
 
-function groupOf(tag) {
-  const cut = tag.indexOf("/");
-  return cut < 0 ? "other" : tag.slice(0, cut);
+function chartWidth(chart) { return Math.max(200, chart.el.clientWidth - 8); }
+
+// charts follow their grid cell's width
+const resizer = new ResizeObserver((entries) => {
+  for (const e of entries) e.target.msmonChart?.resize(chartWidth(e.target.msmonChart));
+});
+
+function chartId(spec) { return `${spec.title}|${spec.tags.join(",")}`; }
+
+// The plan for the selected runs' tags together, from the server (the panel's planner).
+let planFor = "";
+async function loadPlan() {
+  const names = selectedRuns().map((r) => r.name);
+  const sig = JSON.stringify(selectedRuns().map((r) => [r.name, r.tags]));
+  if (sig === planFor) return;
+  planFor = sig;
+  if (!names.length) { state.plan = []; return; }
+  const params = new URLSearchParams();
+  for (const n of names) params.append("run", n);
+  state.plan = await getJSON(`/api/charts?${params}`);
 }
 
-function groupRank(group) {
-  const i = GROUP_ORDER.indexOf(group);
-  return i < 0 ? GROUP_ORDER.length + (group === "other" ? 1 : 0) : i;
-}
-
-// Create or remove chart divs so there is one per tag of the selected runs, grouped.
+// Charts for the plan, in its order, under a heading per group; charts no longer planned go.
 function syncCharts() {
-  const tags = new Set();
-  for (const run of selectedRuns()) for (const tag of run.tags) tags.add(tag);
-  for (const [tag, chart] of state.charts) {
-    if (!tags.has(tag)) { Plotly.purge(chart.div); chart.div.remove(); state.charts.delete(tag); }
+  const ids = new Set(state.plan.map(chartId));
+  for (const [id, c] of state.charts) {
+    if (!ids.has(id)) {
+      resizer.unobserve(c.chart.el);
+      c.chart.destroy();
+      c.chart.el.remove();
+      state.charts.delete(id);
+    }
   }
   const container = document.getElementById("charts");
-  const sorted = [...tags].sort((a, b) =>
-    groupRank(groupOf(a)) - groupRank(groupOf(b)) || a.localeCompare(b));
-  for (const tag of sorted) {
-    if (state.charts.has(tag)) continue;
-    const group = groupOf(tag);
-    let section = container.querySelector(`section.group[data-group="${CSS.escape(group)}"]`);
-    if (!section) {
-      section = el("section", { class: "group", "data-group": group },
-        el("h2", { text: group }), el("div", { class: "grid" }));
-      const after = [...container.children].find((s) => groupRank(s.dataset.group) > groupRank(group)
-        || (groupRank(s.dataset.group) === groupRank(group) && s.dataset.group > group));
-      container.insertBefore(section, after || null);
+  const sections = [];
+  let section = null;
+  for (const spec of state.plan) {
+    const group = spec.group || "other";
+    if (!section || section.dataset.group !== group) {
+      section = container.querySelector(`section.group[data-group="${CSS.escape(group)}"]`)
+        || el("section", { class: "group", "data-group": group },
+          el("h2", { text: group }), el("div", { class: "grid" }));
+      sections.push(section);
     }
-    const div = el("div", { class: "chart", "data-tag": tag, id: `chart-${tag}` });
-    const grid = section.querySelector(".grid");
-    const next = [...grid.children].find((c) => c.dataset.tag > tag);
-    grid.insertBefore(div, next || null);
-    state.charts.set(tag, { div, zoom: null, data: new Map(), version: 0 });
+    const id = chartId(spec);
+    let c = state.charts.get(id);
+    if (!c) {
+      const chart = new MsmonChart(spec, (range) => onZoom(id, range), 230);
+      chart.el.id = `chart-${spec.tags[0]}`;
+      c = { spec, chart, zoom: null, data: new Map() };
+      state.charts.set(id, c);
+      resizer.observe(chart.el);
+    }
+    section.querySelector(".grid").append(c.chart.el);
   }
-  for (const section of [...container.children]) {
-    if (!section.querySelector(".chart")) section.remove();
-  }
+  container.replaceChildren(...sections);
   document.getElementById("hint").hidden = state.selected.size > 0;
 }
 
@@ -340,21 +327,25 @@ function scalarsURL(run, tag, zoom, rank = null) {
   return `/api/scalars?${params}`;
 }
 
-async function fetchChart(tag, onlyRun = null) {
-  const chart = state.charts.get(tag);
-  if (!chart) return;
-  const zoom = chart.zoom;
-  const runs = selectedRuns().filter((r) => r.tags.includes(tag) && (!onlyRun || r.name === onlyRun));
-  await Promise.all(runs.map(async (run) => {
+async function fetchChart(id, onlyRun = null) {
+  const c = state.charts.get(id);
+  if (!c) return;
+  const zoom = c.zoom;
+  const jobs = [];
+  for (const run of selectedRuns()) {
+    if (onlyRun && run.name !== onlyRun) continue;
+    for (const tag of c.spec.tags) if (run.tags.includes(tag)) jobs.push([run, tag]);
+  }
+  await Promise.all(jobs.map(async ([run, tag]) => {
     try {
       const drawn = await fetchDrawn(run, tag, zoom);
-      if (chart.zoom === zoom && drawn.mode === modeOf(run)) chart.data.set(run.name, drawn);
+      if (c.zoom === zoom && drawn.mode === modeOf(run)) c.data.set(`${run.name}\t${tag}`, drawn);
     } catch (err) {
       console.warn(`msmon: ${run.name} ${tag}: ${err.message}`);
     }
   }));
-  for (const name of [...chart.data.keys()]) if (!state.selected.has(name)) chart.data.delete(name);
-  draw(tag);
+  for (const key of [...c.data.keys()]) if (!state.selected.has(key.split("\t")[0])) c.data.delete(key);
+  draw(id);
 }
 
 // What one run contributes to a chart: its series, one per rank, or the ranks merged.
@@ -369,144 +360,79 @@ async function fetchDrawn(run, tag, zoom) {
   return { mode, ranks: parts.filter(Boolean) };  // a rank without this tag is left out
 }
 
-function alertTraces(tag) {
-  const traces = [];
-  for (const run of selectedRuns()) {
-    const items = (state.alerts.get(run.name) || []).filter((a) => !a.tag || a.tag === tag);
-    if (!items.length) continue;
-    const ranked = isRanked(run);
-    const describe = (a) => `${run.name}${a.rank != null && ranked ? ` rank ${a.rank}` : ""}: ${a.message}`;
-    traces.push({
-      x: items.map((a) => a.step), y: items.map(() => 0.9), yaxis: "y2",
-      type: "scatter", mode: ranked ? "markers+text" : "markers", name: `${run.name} alerts`, meta: "alert",
-      marker: { symbol: "diamond", size: 11, color: items.map((a) =>
-        a.severity === "critical" ? "#cf222e" : "#bf8700"), line: { color: colorOf(run.name), width: 1.5 } },
-      // ranked runs label each marker with its rank; the message is in the hover text
-      text: ranked ? items.map((a) => (a.rank != null ? `rank ${a.rank}` : "")) : items.map(describe),
-      hovertext: items.map(describe), textposition: "bottom center",
-      textfont: { size: 10, color: "#cf222e" }, hoverinfo: "text+x", showlegend: false,
-    });
-  }
-  return traces;
+// The API's {steps, values, nonfinite: {steps, kinds}} as one chart series.
+function line(label, tag, s, color, extra = {}) {
+  return { label, tag, color, xs: s.steps, ys: s.values,
+    nonfinite: s.nonfinite.steps.map((step, i) => [step, s.nonfinite.kinds[i]]), ...extra };
 }
 
-// The line of one series (plus its smoothed line and NaN/Inf markers).
-function lineTraces(label, s, color, showlegend) {
-  const traces = [];
-  const smoothing = state.smoothing > 0;
-  traces.push({
-    x: s.steps, y: s.values, type: "scatter", mode: s.steps.length < 60 ? "lines+markers" : "lines",
-    name: label, meta: "series", line: { color, width: smoothing ? 1 : 1.6 },
-    marker: { size: 4 }, opacity: smoothing ? 0.3 : 1, showlegend: showlegend && !smoothing,
-    hovertemplate: `${label}<br>step %{x}<br>%{y:.6g}<extra></extra>`,
-  });
-  if (smoothing) {
-    traces.push({
-      x: s.steps, y: ema(s.values, state.smoothing), type: "scatter", mode: "lines",
-      name: label, meta: "smoothed", line: { color, width: 2 }, showlegend,
-      hovertemplate: `${label} (smoothed)<br>step %{x}<br>%{y:.6g}<extra></extra>`,
-    });
-  }
-  if (s.nonfinite.steps.length) {
-    traces.push({
-      x: s.nonfinite.steps, y: s.nonfinite.steps.map(() => 1), yaxis: "y2",
-      type: "scatter", mode: "markers", name: `${label} NaN/Inf`, meta: "nonfinite",
-      marker: { symbol: "x", size: 10, color: "#cf222e", line: { color, width: 1 } },
-      text: s.nonfinite.kinds.map((k, i) => `${label}: ${k.toUpperCase()} at step ${s.nonfinite.steps[i]}`),
-      hoverinfo: "text", showlegend: false,
-    });
-  }
-  return traces;
+// A tag's colour: alone, the panel's colour for that line; beside other runs, the run's
+// colour for the chart's first tag, then shades of it.
+function tagColor(run, spec, tag, alone) {
+  const i = spec.tags.indexOf(tag);
+  if (alone) return MSMON_COLORS[Math.max(0, i) % MSMON_COLORS.length];
+  return i <= 0 ? colorOf(run) : rankColor(run, i, spec.tags.length + 1);
 }
 
-// The ranks' min..max as a shaded band (lower edge, then upper edge filled down to it).
-function bandTraces(label, s, color) {
-  const common = { x: s.steps, type: "scatter", mode: "lines", meta: "band", showlegend: false,
-    line: { width: 0, color }, hoverinfo: "skip" };
-  return [
-    { ...common, y: s.band_min, name: `${label} min` },
-    { ...common, y: s.band_max, name: `${label} max`, fill: "tonexty", fillcolor: withAlpha(color, 0.22) },
-  ];
-}
-
-function draw(tag) {
-  const chart = state.charts.get(tag);
-  if (!chart) return;
-  const traces = [];
+function draw(id) {
+  const c = state.charts.get(id);
+  if (!c) return;
+  const series = [];
   let raw = true;
   let points = 0;
-  let nonfinite = 0;
-  let legend = 0;
-  for (const run of selectedRuns()) {
-    const drawn = chart.data.get(run.name);
-    if (!drawn) continue;
-    const color = colorOf(run.name);
-    const parts = drawn.mode === "lines" ? drawn.ranks : [[null, drawn.series]];
-    for (const [i, [k, s]] of parts.entries()) {
-      raw = raw && s.raw;
-      points += s.steps.length;
-      nonfinite += s.nonfinite.steps.length;
-      legend += 1;
-      if (drawn.mode === "lines") {
-        traces.push(...lineTraces(`${run.name} rank ${k}`, s, rankColor(run.name, i, parts.length),
-          parts.length <= LINES_UP_TO));
-      } else if (drawn.mode === "band") {
-        traces.push(...bandTraces(run.name, s, color));
-        traces.push(...lineTraces(`${run.name} mean of ${run.ranks.length} ranks`, s, color, true));
-      } else {
-        traces.push(...lineTraces(run.name, s, color, true));
+  const runs = selectedRuns();
+  const many = c.spec.tags.length > 1;
+  for (const run of runs) {
+    for (const tag of c.spec.tags) {
+      const drawn = c.data.get(`${run.name}\t${tag}`);
+      if (!drawn) continue;
+      const name = many ? (runs.length > 1 ? `${run.name} ${tag}` : tag) : run.name;
+      const parts = drawn.mode === "lines" ? drawn.ranks : [[null, drawn.series]];
+      for (const [i, [k, s]] of parts.entries()) {
+        raw = raw && s.raw;
+        points += s.steps.length;
+        if (drawn.mode === "lines") {
+          series.push(line(`${name} rank ${k}`, tag, s, rankColor(run.name, i, parts.length)));
+        } else if (drawn.mode === "band") {
+          const color = tagColor(run.name, c.spec, tag, runs.length === 1);
+          series.push(line(`${name} min`, tag, { ...s, values: s.band_min }, null, { band: "lo" }));
+          series.push(line(`${name} max`, tag, { ...s, values: s.band_max }, null, { band: "hi" }));
+          series.push(line(`${name} mean of ${run.ranks.length} ranks`, tag, s, color));
+        } else {
+          series.push(line(name, tag, s, tagColor(run.name, c.spec, tag, runs.length === 1)));
+        }
       }
     }
   }
-  traces.push(...alertTraces(tag));
-  const note = points === 0 ? "" : raw ? " · raw points" : " · min/max per bucket";
-  const layout = {
-    title: { text: `${tag}<span style="font-size:11px;color:#656d76">${note}</span>`, font: { size: 13 }, x: 0.02 },
-    margin: { l: 55, r: 15, t: 32, b: 35 },
-    xaxis: { title: { text: "step", standoff: 4 }, zeroline: false },
-    yaxis: { type: state.yscale, exponentformat: "e" },
-    yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true },
-    legend: { orientation: "h", y: -0.25, font: { size: 11 } },
-    showlegend: legend > 1,
-    hovermode: "closest", dragmode: "zoom",
-    // A new revision per zoom: the y axis fits the points fetched for the zoomed range.
-    uirevision: chart.zoom ? `${tag} ${chart.zoom.join(" ")}` : tag,
-  };
-  if (chart.zoom) {
-    layout.xaxis.range = [...chart.zoom];  // a copy: Plotly writes the user's zoom into it
-    layout.xaxis.autorange = false;
+  const alerts = [];
+  for (const run of runs) {
+    const ranked = isRanked(run);
+    for (const a of state.alerts.get(run.name) || []) {
+      const tag = a.tag || alertTag(a);
+      alerts.push({ step: a.since_step ?? a.step, severity: a.severity, tag,
+        label: ranked && a.rank != null ? `rank ${a.rank}` : "" });
+    }
   }
-  Plotly.react(chart.div, traces, layout, { displaylogo: false, responsive: true, showTips: false });
-  chart.version += 1;
-  chart.div.dataset.raw = String(raw && points > 0);
-  chart.div.dataset.points = String(points);
-  chart.div.dataset.nonfinite = String(nonfinite);
-  chart.div.dataset.version = String(chart.version);
-  if (!chart.listening) {
-    chart.listening = true;
-    chart.div.on("plotly_relayout", (ev) => onRelayout(tag, ev));
-  }
+  c.chart.set(series, { smooth: state.smoothing, scale: state.yscale, alerts,
+    fit: true, width: chartWidth(c.chart) });
+  c.chart.setTitleNote(points === 0 ? "" : raw ? "raw points" : "min/max per bucket");
+  c.chart.el.dataset.raw = String(raw && points > 0);
 }
 
-function onRelayout(tag, ev) {
-  const chart = state.charts.get(tag);
-  if (!chart) return;
-  if (ev["xaxis.range[0]"] !== undefined && ev["xaxis.range[1]"] !== undefined) {
-    const zoom = [Number(ev["xaxis.range[0]"]), Number(ev["xaxis.range[1]"])];
-    if (chart.zoom && chart.zoom[0] === zoom[0] && chart.zoom[1] === zoom[1]) return;
-    chart.zoom = zoom;
-    fetchChart(tag);
-  } else if (ev["xaxis.autorange"] && chart.zoom) {
-    chart.zoom = null;
-    fetchChart(tag);
-  }
+// A box zoom asks the server for the visible range (raw once few enough points are in
+// it); a double-click asks for the whole run again.
+function onZoom(id, range) {
+  const c = state.charts.get(id);
+  if (!c) return;
+  c.zoom = range;
+  fetchChart(id);
 }
 
 function resetZoom() {
-  for (const [tag, chart] of state.charts) {
-    chart.zoom = null;
-    Plotly.relayout(chart.div, { "xaxis.autorange": true, "yaxis.autorange": true });
-    fetchChart(tag);
+  for (const [id, c] of state.charts) {
+    c.zoom = null;
+    c.chart.unzoom();
+    fetchChart(id);
   }
 }
 
@@ -559,37 +485,11 @@ function renderSide() {
   document.getElementById("snapshots-section").hidden = nSnaps === 0;
 }
 
-function histogramSVG(hist) {
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("class", "hist");
-  svg.setAttribute("width", "160");
-  svg.setAttribute("height", "36");
-  if (!hist || !hist.counts.length) return svg;
-  const top = Math.max(...hist.counts, 1);
-  const w = 160 / hist.counts.length;
-  hist.counts.forEach((c, i) => {
-    const h = (34 * c) / top;
-    const rect = document.createElementNS(ns, "rect");
-    rect.setAttribute("x", String(i * w));
-    rect.setAttribute("y", String(36 - h));
-    rect.setAttribute("width", String(Math.max(w - 0.5, 0.5)));
-    rect.setAttribute("height", String(h));
-    const title = document.createElementNS(ns, "title");
-    title.textContent = `${fmt(hist.edges[i])} .. ${fmt(hist.edges[i + 1])}: ${c}`;
-    rect.append(title);
-    svg.append(rect);
-  });
-  const label = document.createElementNS(ns, "title");
-  label.textContent = `min ${fmt(hist.min)} max ${fmt(hist.max)} count ${hist.count}`;
-  svg.prepend(label);
-  return svg;
-}
-
 // --- refresh ------------------------------------------------------------------------------
 
 const relisted = new Set();
 async function refreshAll() {
+  await loadPlan();
   syncCharts();
   const runs = selectedRuns().map((r) => r.name);
   // Alerts and snapshots load beside the charts (a big job's cross-rank alerts come later
@@ -597,9 +497,9 @@ async function refreshAll() {
   const side = Promise.all(runs.map(loadSide)).then(() => {
     renderSide();
     if (selectedRuns().some(isRanked)) renderRuns();  // rank_stopped alerts flag their ranks
-    for (const [tag, chart] of state.charts) if (chart.data.size) draw(tag);
+    for (const [id, c] of state.charts) if (c.data.size) draw(id);
   });
-  await Promise.all([side, ...[...state.charts.keys()].map((tag) => fetchChart(tag))]);
+  await Promise.all([side, ...[...state.charts.keys()].map((id) => fetchChart(id))]);
   // A long run is listed from the start and end of its files; once the server has loaded
   // it (the fetches above), the listing has every tag, so ask for it once more.
   const inexact = selectedRuns().filter((r) => !r.exact && !relisted.has(r.name));
@@ -623,8 +523,8 @@ function refreshRun(run) {
   setTimeout(async () => {
     entry.last = Date.now();
     try {
-      const tags = [...state.charts].filter(([, chart]) => !chart.zoom).map(([tag]) => tag);
-      await Promise.all(tags.map((tag) => fetchChart(tag, run)));
+      const ids = [...state.charts].filter(([, c]) => !c.zoom).map(([id]) => id);
+      await Promise.all(ids.map((id) => fetchChart(id, run)));
     } finally {
       entry.busy = false;
       if (entry.again) { entry.again = false; refreshRun(run); }
@@ -639,8 +539,8 @@ function scheduleRunsReload() {
     runsTimer = null;
     const before = new Set(state.charts.keys());
     await loadRuns();
-    const added = [...state.charts.keys()].filter((t) => !before.has(t));
-    await Promise.all(added.map((tag) => fetchChart(tag)));
+    const added = [...state.charts.keys()].filter((id) => !before.has(id));
+    await Promise.all(added.map((id) => fetchChart(id)));
   }, 300);
 }
 
@@ -664,20 +564,20 @@ function connect() {
     await loadSide(run);
     renderSide();
     renderRuns();  // a rank_stopped alert flags its rank in the list
-    for (const tag of state.charts.keys()) draw(tag);
+    for (const id of state.charts.keys()) draw(id);
   });
 }
 
 function init() {
   document.getElementById("yscale").addEventListener("change", (ev) => {
     state.yscale = ev.target.value;
-    for (const tag of state.charts.keys()) draw(tag);
+    for (const id of state.charts.keys()) draw(id);
   });
   const smooth = document.getElementById("smooth");
   smooth.addEventListener("input", () => {
     state.smoothing = Number(smooth.value);
     document.getElementById("smooth-value").textContent = state.smoothing.toFixed(2);
-    for (const tag of state.charts.keys()) draw(tag);
+    for (const id of state.charts.keys()) draw(id);
   });
   document.getElementById("reset-zoom").addEventListener("click", resetZoom);
   document.getElementById("run-filter").addEventListener("input", renderRuns);

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from msmon_nb.viewer.downsample import downsample, nonfinite_kinds, select_range
+from msmon_nb.metrics.decimate import downsample, nonfinite_kinds, select_range
 
 
 def test_short_series_is_returned_raw():
