@@ -34,12 +34,15 @@ from pathlib import Path
 from msmon_nb.rundir import (
     ALERTS,
     MARKER,
+    OVERVIEW_DATA,
+    OVERVIEW_INDEX,
     RECENT_SECS,
     SNAPSHOTS,
     find_run_dirs,
     marker_alive,
     read_marker,
 )
+from msmon_nb.rundir.control import CONTROL, CONTROL_ACK
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -48,7 +51,9 @@ _RUN_FILE_RES = [
     re.compile(r"^\.msmon_run\.json\.\d+\.tmp$"),  # a marker being replaced
     re.compile(r"^metrics\.rank\d+\.jsonl$"),  # the "file" output
 ]
-_RUN_FILES = {MARKER, ALERTS, SNAPSHOTS}
+# the control file and its acks (msmon ctl, the viewer's buttons), the writer's overview
+_RUN_FILES = {MARKER, ALERTS, SNAPSHOTS, CONTROL, CONTROL_ACK, OVERVIEW_DATA, OVERVIEW_INDEX,
+              OVERVIEW_INDEX + ".tmp"}  # fmt: skip
 _RUN_SUBDIRS = {"config_backup", "tensorboard"}
 _RANK_DIR_RE = re.compile(r"^rank_\d+$")
 

@@ -34,6 +34,7 @@ import numpy as np
 from msmon_nb.events import wire
 from msmon_nb.events.framing import frame
 from msmon_nb.events.histogram import histogram as make_histogram
+from msmon_nb.events.overview import OverviewWriter
 from msmon_nb.events.png import encode_png
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class EventWriter:
             ``block_secs=None`` waits as long as it takes and never drops (for tools that
             write existing data, like ``msmon export``, rather than a training loop).
         flavor: ``mindspore`` (default) or ``tensorboard`` (tfevents files, scalars only).
+        overview: also keep the run dir's overview (``events.overview``: per tag, one row
+            per 64 scalars, built in the writer thread), which lets the viewer draw a big
+            finished run without decoding it. Off for tensorboard files.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class EventWriter:
         suffix: str = DEFAULT_SUFFIX,
         flavor: str = "mindspore",
         clock=time.time,
+        overview: bool = True,
     ) -> None:
         if flavor not in ("mindspore", "tensorboard"):
             raise ValueError(f"flavor={flavor!r}: use 'mindspore' or 'tensorboard'")
@@ -142,6 +147,7 @@ class EventWriter:
         self._file: BinaryIO | None = None
         self._file_size = 0
         self._last_secs = 0
+        self._overview = OverviewWriter(self.logdir) if overview and flavor == "mindspore" else None
         self._open_file()
         self._thread = threading.Thread(
             target=self._run, name=f"msmon-writer-{self.logdir.name}", daemon=True
@@ -328,6 +334,8 @@ class EventWriter:
     def _encode(self, item: tuple) -> bytes:
         kind = item[0]
         if kind == "s":
+            if self._overview is not None:
+                self._overview.add(item[1], item[3])
             return wire.scalar_event(item[1], item[2], item[3], self._prefixes)
         if kind == "r":
             return item[1]
@@ -371,6 +379,7 @@ class EventWriter:
                 if dirty and due:
                     assert self._file is not None
                     self._file.flush()
+                    self._flush_overview(closing=False)
                     dirty = False
                     last_flush = now
                 if ticket > self._flush_done:
@@ -389,9 +398,23 @@ class EventWriter:
         finally:
             try:
                 self._close_file()
+                if self._error is None:
+                    self._flush_overview(closing=True)
             except OSError as exc:
                 if self._error is None:
                     self._error = exc
+
+    def _flush_overview(self, closing: bool) -> None:
+        """Append the overview's finished rows; at close, mark it complete over the files
+        as written. A failure only loses the overview (the viewer then decodes)."""
+        if self._overview is None:
+            return
+        try:
+            files = [(p.name, p.stat().st_size) for p in self.files] if closing else None
+            self._overview.flush(files)
+        except OSError as exc:
+            log.warning("msmon: %s: no overview kept (%s); viewers will decode", self.logdir, exc)
+            self._overview = None
 
 
 def write_scalar_series(

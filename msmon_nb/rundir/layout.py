@@ -23,6 +23,9 @@ MARKER = "msmon_run.json"
 ALERTS = "alerts.jsonl"  # one JSON object per alert, appended by the monitor
 SNAPSHOTS = "snapshots.jsonl"  # one JSON object per tensor snapshot (its data is in the events)
 CONFIG_BACKUP = "config_backup"
+# the overview EventWriter keeps while it writes (events.overview): rows, and their index
+OVERVIEW_DATA = "msmon_overview.bin"
+OVERVIEW_INDEX = "msmon_overview.json"
 SUMMARY_RE = re.compile(r"summary\.(\d+)(?:\.(\d+))?")
 RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
 RECENT_SECS = 60.0  # a run without a live marker is running if it wrote this recently

@@ -116,8 +116,12 @@ def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     start, end = _int(query, "start"), _int(query, "end")
     merged = _one(query, "rank", required=False) == "all"
     rank = None if merged else _int(query, "rank")
+    zoomed = start is not None or end is not None  # a zoom asks for exact (raw) points
     try:
-        series = store.merged(run, tag) if merged else store.scalars(run, tag, rank=rank)
+        if merged:
+            series = store.merged(run, tag, exact=zoomed)
+        else:
+            series = store.scalars(run, tag, rank=rank, exact=zoomed)
     except UnknownRun:
         raise ApiError(404, f"no run {run!r} under {store.base}") from None
     except KeyError as exc:
@@ -143,7 +147,7 @@ def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
         "values": _nullable(vals),
         "min": float(finite.min()) if len(finite) else None,
         "max": float(finite.max()) if len(finite) else None,
-        "raw": sampled.raw,
+        "raw": sampled.raw and getattr(series, "exact", True),
         "count": sampled.count,
         "nonfinite": {"steps": sampled.steps[bad_idx].tolist(), "kinds": kinds},
     }
@@ -163,6 +167,14 @@ def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> d
     bad_idx, kinds = nonfinite_kinds(sampled.values)
     low = sampled.low[np.isfinite(sampled.low)]
     high = sampled.high[np.isfinite(sampled.high)]
+    # the median and the outlier ranks at the points kept (their steps are merged.steps')
+    at = cut.start + np.searchsorted(merged.steps[cut], sampled.steps)
+    extra: dict[str, Any] = {}
+    if merged.median is not None:
+        extra["median"] = _nullable(merged.median[at])
+        extra["outliers"] = [
+            {"rank": int(r), "values": _nullable(v[at])} for r, v in (merged.outliers or {}).items()
+        ]
     return {
         "steps": sampled.steps.tolist(),
         "values": _nullable(sampled.values),
@@ -171,9 +183,10 @@ def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> d
         "rank_count": sampled.count.tolist(),
         "min": float(low.min()) if len(low) else None,
         "max": float(high.max()) if len(high) else None,
-        "raw": sampled.raw,
+        "raw": sampled.raw and merged.exact,
         "count": sampled.n,
         "nonfinite": {"steps": sampled.steps[bad_idx].tolist(), "kinds": kinds},
+        **extra,
     }
 
 

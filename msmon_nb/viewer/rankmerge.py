@@ -13,6 +13,13 @@ rank whose files change again (a restart) is read afresh.
 
 ``merge_ranks`` folds the ranks one at a time into per-step accumulators over the union
 of their steps, so merging never holds all ranks' points side by side.
+
+A done rank whose writer left a complete overview (``events.overview``: one row per 64
+scalars of a tag, checked against its files' sizes) is not decoded at first: its series
+are the blocks' min/max points (``exact`` False: never served as raw points) and its merged
+chart comes from the blocks (``merge_blocks``: a 64-rank job of 100,000 steps in well under
+a second, where decoding takes seconds). The first request that needs exact points (a zoom,
+or a rank without an overview) decodes the rank as before.
 """
 
 from __future__ import annotations
@@ -27,17 +34,33 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from msmon_nb.events.overview import BLOCK, Overview, points, read_overview
 from msmon_nb.events.runs import Run
-from msmon_nb.rundir import ALERTS, MARKER, SNAPSHOTS, is_summary_file, read_jsonl, run_status
+from msmon_nb.rundir import (
+    ALERTS,
+    MARKER,
+    SNAPSHOTS,
+    is_summary_file,
+    read_jsonl,
+    read_marker_file,
+    run_status,
+)
 
 _RANK_DIR_RE = re.compile(r"^rank_(\d+)$")
+# a done rank is served from its overview only from this many scalars on (decoding them
+# takes ~50 ms here; a smaller rank is decoded at once and drawn from every point)
+OVERVIEW_MIN_SCALARS = 64_000
 
 
 class Points(NamedTuple):
-    """One tag of one rank: steps (int64, increasing) and values (float32)."""
+    """One tag of one rank: steps (int64, increasing) and values (float32).
+
+    ``exact`` is False for points taken from an overview (each block's extremes), which
+    the API never calls raw."""
 
     steps: np.ndarray
     values: np.ndarray
+    exact: bool = True
 
 
 class Merged(NamedTuple):
@@ -53,10 +76,81 @@ class Merged(NamedTuple):
     min: np.ndarray  # float64
     max: np.ndarray  # float64
     count: np.ndarray  # int32
+    median: np.ndarray | None = None  # float64, of the ranks' values (aligned ranks only)
+    outliers: dict[int, np.ndarray] | None = None  # rank -> its values at ``steps``
+    exact: bool = True  # False when merged from overview blocks
 
 
-def merge_ranks(parts: Iterable[Any]) -> Merged:
-    """Merge series (anything with sorted, unique ``steps`` and ``values``) across ranks."""
+OUTLIER_Z = 4.0  # a rank whose 90th-percentile robust z against the others exceeds this
+MAX_OUTLIERS = 8  # ... is drawn as its own line beside the band; at most this many
+
+
+def _median_and_outliers(
+    ranks: list[int], table: np.ndarray
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """The median across ranks per column of ``table`` (ranks x points) and the ranks
+    far from it: robust z = |value - median| / (1.4826 MAD), its 90th percentile over the
+    points above ``OUTLIER_Z`` (a rank off for a tenth of the run or more), worst first."""
+    with np.errstate(invalid="ignore"):
+        median = np.nanmedian(table, axis=0) if len(ranks) > 1 else table[0].astype(np.float64)
+        if len(ranks) < 3:
+            return median, {}
+        dev = np.abs(table - median)
+        mad = np.nanmedian(dev, axis=0) * 1.4826
+        scale = np.maximum(mad, 1e-6 * np.abs(median) + 1e-12)
+        z = dev / scale
+        score = np.nanpercentile(np.where(np.isfinite(z), z, np.nan), 90, axis=1)
+    order = [i for i in np.argsort(-np.nan_to_num(score, nan=-1.0)) if score[i] > OUTLIER_Z]
+    return median, {ranks[i]: table[i].astype(np.float64) for i in order[:MAX_OUTLIERS]}
+
+
+def merge_blocks(ranks: list[int], blocks: list[np.ndarray]) -> Merged | None:
+    """The ranks' overview rows of one tag merged block by block, or None when their
+    blocks do not line up (ranks that recorded different steps: decode instead).
+
+    Per block: the mean of every rank's finite values (NaN when any rank had a NaN/Inf
+    there), the lowest minimum and highest maximum (a one-step spike on one rank stays in
+    the band), the ranks present, the median of the ranks' block means and the outlier
+    ranks. Each block stands at its last step; the first block also at its first step.
+    """
+    first = blocks[0]
+    if any(
+        len(b) != len(first)
+        or not np.array_equal(b["first_step"], first["first_step"])
+        or not np.array_equal(b["last_step"], first["last_step"])
+        for b in blocks[1:]
+    ):
+        return None
+    if not len(first):
+        return None
+    sums = np.stack([b["sum"] for b in blocks])
+    finite = np.stack([b["finite"] for b in blocks]).astype(np.float64)
+    bad = np.stack([b["nonfinite"] for b in blocks]).sum(axis=0) > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / finite  # rank x block; NaN where a rank had no finite value
+        mean = sums.sum(axis=0) / finite.sum(axis=0)
+    mean[bad] = np.nan
+    low = np.stack([b["min"] for b in blocks]).min(axis=0)
+    high = np.stack([b["max"] for b in blocks]).max(axis=0)
+    low[np.isinf(low)] = np.nan
+    high[np.isinf(high)] = np.nan
+    median, outliers = _median_and_outliers(ranks, means)
+    # each block at its last step, and the first block at its first step too
+    idx = np.concatenate([[0], np.arange(len(first))])
+    steps = np.concatenate([first["first_step"][:1], first["last_step"]])
+    if len(steps) > 1 and steps[0] == steps[1]:
+        idx, steps = idx[1:], steps[1:]
+    count = np.full(len(idx), len(blocks), dtype=np.int32)
+    return Merged(
+        steps.astype(np.int64), mean[idx], low[idx], high[idx], count, median[idx],
+        {r: v[idx] for r, v in outliers.items()}, exact=False,
+    )  # fmt: skip
+
+
+def merge_ranks(parts: Iterable[Any], ranks: list[int] | None = None) -> Merged:
+    """Merge series (anything with sorted, unique ``steps`` and ``values``) across ranks;
+    with ``ranks`` (the rank of each part) and parts on the same steps, also the median
+    across ranks and the outlier ranks."""
     parts = list(parts)
     if not parts:
         raise ValueError("merge_ranks needs at least one series")
@@ -81,7 +175,12 @@ def merge_ranks(parts: Iterable[Any]) -> Merged:
         mean = total / count
     low[np.isinf(low)] = np.nan
     high[np.isinf(high)] = np.nan
-    return Merged(steps, mean, low, high, count)
+    median = outliers = None
+    if aligned and ranks is not None:
+        table = np.stack([np.asarray(p.values, dtype=np.float32) for p in parts])
+        table = np.where(np.isfinite(table), table, np.nan)
+        median, outliers = _median_and_outliers(ranks, table)
+    return Merged(steps, mean, low, high, count, median, outliers)
 
 
 def rank_dirs(path: Path) -> dict[int, Path]:
@@ -140,6 +239,8 @@ class _Rank:
         self.problems: list[str] = []
         self.status = "running"  # running, finished, stopped, interrupted (as Run.rank_status)
         self.signature: tuple | None = None  # of the files, when compact
+        self.overview: Overview | None = None  # while served from the overview
+        self.decode = False  # set once exact points are wanted
 
     def _signature(self) -> tuple:
         keys = []
@@ -157,6 +258,10 @@ class _Rank:
         signature = self._signature()
         if self.run is None and signature == self.signature:
             return False
+        if self.run is None and not self.decode and self._from_overview():
+            self.signature = signature
+            return True
+        self.overview = None
         if self.run is None:  # first read, or a done rank whose files changed
             self.run = Run(self.path, name=self.name)
             self.series = {}
@@ -171,6 +276,47 @@ class _Rank:
             self._compact(run)
             self.signature = signature
         return grew or before != (self.last_step, self.status)
+
+    def _from_overview(self) -> bool:
+        """Serve this rank from its writer's overview when that is complete and still
+        true of the files (the writer closed: the rank wrote its last record)."""
+        overview = read_overview(self.path)
+        if overview is None or len(overview.rows) * BLOCK < OVERVIEW_MIN_SCALARS:
+            return False  # none, or small enough to decode at once
+        files = [p for p in self.path.iterdir() if is_summary_file(p.name)]
+        marker = read_marker_file(self.path / MARKER)
+        status = run_status(marker, files)
+        if status == "running":
+            return False
+        series = {}
+        last = None
+        for tag in overview.tags:
+            rows = overview.tag_rows(tag)
+            if rows is None or not len(rows):
+                continue
+            steps, values = points(rows)
+            series[tag] = Points(steps, values.astype(np.float32), exact=False)
+            last = max(last or 0, int(rows["last_step"][-1]))
+        self.overview = overview
+        self.series = series
+        self.snapshots = read_jsonl(self.path / SNAPSHOTS)
+        self.last_step = last
+        self.last_write = max((f.stat().st_mtime for f in files), default=None)
+        self.status = status
+        self.problems = []
+        return True
+
+    def blocks(self, tag: str) -> np.ndarray | None:
+        """The overview rows of ``tag`` while the rank is served from its overview."""
+        return None if self.overview is None else self.overview.tag_rows(tag)
+
+    def exact(self) -> None:
+        """Decode the rank's events (once): exact points from now on."""
+        if self.overview is not None:
+            self.decode = True
+            self.signature = None
+            self.overview = None
+            self.refresh()
 
     def _compact(self, run: Run) -> None:
         series = {}
@@ -244,9 +390,40 @@ class RankedRun:
             return self._rank(rank).tags()
         return sorted({t for state in self._ranks.values() for t in state.tags()})
 
-    def scalars(self, tag: str, rank: int | None = None) -> Points:
-        """``(steps, values)`` of ``tag`` on ``rank`` (the lowest rank when None)."""
-        return self._rank(rank).scalars(tag)
+    def scalars(self, tag: str, rank: int | None = None, exact: bool = False) -> Points:
+        """``(steps, values)`` of ``tag`` on ``rank`` (the lowest rank when None);
+        ``exact``: decode a rank served from its overview first."""
+        state = self._rank(rank)
+        if exact:
+            state.exact()
+        return state.scalars(tag)
+
+    def overview_dir(self, rank: int) -> Path | None:
+        """The rank's dir while it is served from its overview (the cross-rank rules
+        then decode it in their own thread), else None."""
+        state = self._rank(rank)
+        return state.path if state.overview is not None else None
+
+    def merged(self, tag: str, exact: bool = False) -> Merged:
+        """``tag`` merged across the ranks that have it: from the overview blocks when
+        every such rank is served from its overview and their blocks line up (and not
+        ``exact``), else from every rank's decoded points."""
+        states = [s for _, s in sorted(self._ranks.items()) if tag in s.tags()]
+        if not states:
+            known = sorted({t for s in self._ranks.values() for t in s.tags()})
+            raise KeyError(
+                f"run {self.name!r} has no scalar tag {tag!r} on any rank; "
+                f"it has: {', '.join(known) or 'none'}"
+            )
+        if not exact:
+            blocks = [s.blocks(tag) for s in states]
+            if all(b is not None for b in blocks):
+                merged = merge_blocks([s.rank for s in states], blocks)
+                if merged is not None:
+                    return merged
+        for state in states:
+            state.exact()
+        return merge_ranks([s.scalars(tag) for s in states], [s.rank for s in states])
 
     @property
     def last_step(self) -> int | None:
@@ -297,27 +474,48 @@ class RankView:
     """A frozen copy of what ``diagnose.ranks.rank_alerts`` reads from a run.
 
     Taken under the run's lock (references to arrays that are never modified), so the
-    rules can run in another thread while the run keeps being refreshed.
+    rules can run in another thread while the run keeps being refreshed. A rank served
+    from its overview is decoded here, in the rules' thread, when first read (the rules
+    need every step; the charts did not wait for it), and kept compact like a done rank.
     """
 
     def __init__(self, run: Any) -> None:
         self.ranks = list(run.ranks)
         self._series: dict[int, dict[str, Any]] = {}
+        self._tags: dict[int, list[str]] = {}
+        self._lazy: dict[int, Path] = {}
+        self._pool: list[np.ndarray] = []
+        lazy_dir = getattr(run, "overview_dir", None)
         for rank in self.ranks:
             try:
                 tags = run.tags(rank=rank)
             except KeyError:
                 tags = []
-            self._series[rank] = {tag: run.scalars(tag, rank=rank) for tag in tags}
+            self._tags[rank] = sorted(tags)
+            path = lazy_dir(rank) if lazy_dir is not None and tags else None
+            if path is not None:
+                self._lazy[rank] = path
+            else:
+                self._series[rank] = {tag: run.scalars(tag, rank=rank) for tag in tags}
         self._last_step = dict(run.rank_last_step())
         self._last_write = dict(run.rank_last_write())
         self._status = dict(run.rank_status())
 
     def tags(self, rank: int | None = None) -> list[str]:
-        return sorted(self._series.get(self.ranks[0] if rank is None else rank, {}))
+        return self._tags.get(self.ranks[0] if rank is None else rank, [])
 
     def scalars(self, tag: str, rank: int | None = None) -> Any:
-        return self._series[self.ranks[0] if rank is None else rank][tag]
+        rank = self.ranks[0] if rank is None else rank
+        if rank not in self._series:
+            decoded = Run(self._lazy[rank])
+            decoded.refresh()
+            self._series[rank] = {
+                t: Points(
+                    _interned(self._pool, decoded.scalars(t).steps), decoded.scalars(t).values
+                )
+                for t in decoded.tags()
+            }
+        return self._series[rank][tag]
 
     def rank_last_step(self) -> Mapping[int, int | None]:
         return self._last_step

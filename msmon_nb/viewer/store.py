@@ -210,29 +210,37 @@ class RunStore:
         if len(entry.run.ranks) > 1:
             self.cross_rank.submit(name, entry.version, RankView(entry.run))
 
-    def scalars(self, name: str, tag: str, rank: int | None = None) -> Any:
-        """The series of ``tag`` (``.steps``, ``.values``; KeyError naming the known tags)."""
+    def scalars(self, name: str, tag: str, rank: int | None = None, exact: bool = False) -> Any:
+        """The series of ``tag`` (``.steps``, ``.values``; KeyError naming the known tags);
+        ``exact``: never from an overview (a zoom asks for raw points)."""
         entry = self.run(name)
         with entry.lock:
+            if isinstance(entry.run, RankedRun):
+                return entry.run.scalars(tag, rank=rank, exact=exact)
             return entry.run.scalars(tag, rank=rank)
 
-    def merged(self, name: str, tag: str) -> Merged:
-        """``tag`` merged across the run's ranks (computed once per run version)."""
+    def merged(self, name: str, tag: str, exact: bool = False) -> Merged:
+        """``tag`` merged across the run's ranks (computed once per run version);
+        ``exact``: from decoded points, never from overview blocks."""
         entry = self.run(name)
         with entry.lock:
-            cached = entry.merged.get(tag)
+            key = (tag, exact)
+            cached = entry.merged.get(key)
             if cached is not None and cached[0] == entry.version:
                 return cached[1]
             run = entry.run
-            parts = [run.scalars(tag, rank=r) for r in run.ranks if tag in _tags(run, r)]
-            if not parts:
-                known = sorted({t for r in run.ranks for t in _tags(run, r)})
-                raise KeyError(
-                    f"run {name!r} has no scalar tag {tag!r} on any rank; "
-                    f"it has: {', '.join(known) or 'none'}"
-                )
-            merged = merge_ranks(parts)
-            entry.merged[tag] = (entry.version, merged)
+            if isinstance(run, RankedRun):
+                merged = run.merged(tag, exact=exact)
+            else:
+                parts = [run.scalars(tag, rank=r) for r in run.ranks if tag in _tags(run, r)]
+                if not parts:
+                    known = sorted({t for r in run.ranks for t in _tags(run, r)})
+                    raise KeyError(
+                        f"run {name!r} has no scalar tag {tag!r} on any rank; "
+                        f"it has: {', '.join(known) or 'none'}"
+                    )
+                merged = merge_ranks(parts, [r for r in run.ranks if tag in _tags(run, r)])
+            entry.merged[key] = (entry.version, merged)
             return merged
 
     def alerts(self, name: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from msmon_nb.events.overview import read_overview
 from msmon_nb.events.reader import read_events
 from msmon_nb.events.runs import load_run
 from msmon_nb.events.writer import EventWriter, WriterError
@@ -23,12 +24,32 @@ def test_file_name_like_summary_record(tmp_path):
     assert re.fullmatch(pattern, writer.path.name)
 
 
+def assert_overview_matches(run_dir):
+    """The writer's overview is complete and says what the events say, block by block."""
+    overview = read_overview(run_dir)
+    assert overview is not None
+    run = load_run(run_dir)
+    for tag in overview.tags:
+        rows = overview.tag_rows(tag)
+        series = run.scalars(tag)
+        assert int(rows["n"].sum()) == len(series.steps)
+        assert (
+            rows["first_step"][0] == series.steps[0] and rows["last_step"][-1] == series.steps[-1]
+        )
+        for row in rows[:: max(1, len(rows) // 7)]:
+            inside = (series.steps >= row["first_step"]) & (series.steps <= row["last_step"])
+            values = series.values[inside].astype(np.float64)
+            assert row["min"] == values.min() and row["max"] == values.max()
+
+
 def test_two_writers_in_one_second_never_share_a_file(tmp_path):
     with EventWriter(tmp_path) as a, EventWriter(tmp_path) as b:
         a.add_scalar("a", 1.0, 0)
         b.add_scalar("a", 2.0, 0)
     assert a.path != b.path
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len(list(tmp_path.glob("*summary*"))) == 2
+    # their overviews cover one file each: neither is trusted for the dir
+    assert read_overview(tmp_path) is None
 
 
 def test_permissions_like_mindspore(tmp_path):
@@ -87,8 +108,9 @@ def test_interpreter_exit_closes_files(tmp_path, python):
         "for s in range(1000): w.add_scalar('a', s, s)\n",
         str(tmp_path),
     )
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*summary*")
     assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    assert_overview_matches(tmp_path)
     assert load_run(tmp_path).scalars("a").steps.tolist() == list(range(1000))
 
 
@@ -102,8 +124,9 @@ def test_keyboard_interrupt_inside_with_closes_files(tmp_path, python):
         check=False,
     )
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*summary*")
     assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    assert_overview_matches(tmp_path)
     assert load_run(tmp_path).scalars("a").steps.tolist() == list(range(500))
 
 
@@ -124,8 +147,9 @@ def test_sigint_in_loop_closes_files(tmp_path):
     assert proc.stdout.readline().strip() == b"ready"
     proc.send_signal(signal.SIGINT)
     proc.wait(30)
-    (path,) = tmp_path.iterdir()
+    (path,) = tmp_path.glob("*summary*")
     assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    assert_overview_matches(tmp_path)
     steps = load_run(tmp_path).scalars("a").steps
     assert len(steps) >= 300 and steps.tolist() == list(range(len(steps)))
 

