@@ -14,6 +14,7 @@ from typing import Any
 
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
@@ -76,6 +77,13 @@ class Diagnoser:
             if "data_bound" not in disabled
             else None
         )
+        vstale = self.settings["adam_v_stale"]
+        self._vstale = (
+            AdamVStale(**{k: v for k, v in vstale.items() if k != "action"})
+            if "adam_v_stale" not in disabled
+            else None
+        )
+        self._vstale_tag = vstale["grad_tag"]
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -116,9 +124,18 @@ class Diagnoser:
                     for fn in observe:
                         fn(tag, value)
         routes = self._routes
+        vstale = self._vstale
+        v_squares = 0.0
+        v_count = 0
         for tag, value in values.items():
             route = routes.get(tag)
             if route is None:
+                # Adam's v, one tag per parameter: summed here for adam_v_stale
+                if vstale is not None and is_moment2_tag(tag):
+                    value = float(value)
+                    if value - value == 0.0:
+                        v_squares += value * value
+                        v_count += 1
                 continue
             value = float(value)
             rules, nonfinite = route
@@ -132,6 +149,12 @@ class Diagnoser:
                 f = rule.update(step, value)
                 if f is not None:
                     self._raise(new, step, kind, tag, f, _flag(rule))
+        if v_count and vstale is not None:
+            grad = values.get(self._vstale_tag)
+            if grad is not None:
+                f = vstale.update(step, float(grad), v_squares**0.5)
+                if f is not None:
+                    self._raise(new, step, "adam_v_stale", self._vstale_tag, f, _flag(vstale))
         bound = self._data_bound
         if bound is not None and DATA_TAG in values and COMPUTE_TAG in values:
             f = bound.update(step, float(values[DATA_TAG]), float(values[COMPUTE_TAG]))
