@@ -84,6 +84,9 @@ class Diagnoser:
             else None
         )
         self._vstale_tag = vstale["grad_tag"]
+        # ("v"|"g", step) -> a half of adam_v_stale's input waiting for the other half;
+        # empty until the first moment2 tag arrives, so runs without it pay nothing
+        self._v_pending: dict[tuple[str, int], float] = {}
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -149,12 +152,10 @@ class Diagnoser:
                 f = rule.update(step, value)
                 if f is not None:
                     self._raise(new, step, kind, tag, f, _flag(rule))
-        if v_count and vstale is not None:
-            grad = values.get(self._vstale_tag)
-            if grad is not None:
-                f = vstale.update(step, float(grad), v_squares**0.5)
-                if f is not None:
-                    self._raise(new, step, "adam_v_stale", self._vstale_tag, f, _flag(vstale))
+        if vstale is not None and (v_count or self._v_pending):
+            self._pair_v(
+                new, step, values.get(self._vstale_tag), v_squares**0.5 if v_count else None
+            )
         bound = self._data_bound
         if bound is not None and DATA_TAG in values and COMPUTE_TAG in values:
             f = bound.update(step, float(values[DATA_TAG]), float(values[COMPUTE_TAG]))
@@ -165,6 +166,30 @@ class Diagnoser:
             for tag, f in missing.update(step, values):
                 self._raise(new, step, "metric_missing", tag, f, self._missing_check(tag))
         return new
+
+    def _pair_v(self, new: list[Alert], step: int, grad: Any, v_norm: float | None) -> None:
+        """Feed ``adam_v_stale`` grad_norm and ||v|| of one step, even when they arrive in
+        different ``update`` calls: on Ascend/GPU the monitor reads the device grad_norm
+        one collected step late and records it at its own step, after that step's
+        optimizer state. Unpaired halves wait for their partner for a few steps."""
+        pending = self._v_pending
+        if v_norm is None:
+            if grad is None:
+                return
+            v_norm = pending.pop(("v", step), None)
+            if v_norm is None:
+                pending[("g", step)] = float(grad)
+        elif grad is None:
+            grad = pending.pop(("g", step), None)
+            if grad is None:
+                pending[("v", step)] = v_norm
+        if grad is not None and v_norm is not None:
+            vstale = self._vstale
+            f = vstale.update(step, float(grad), v_norm)  # type: ignore[union-attr]
+            if f is not None:
+                self._raise(new, step, "adam_v_stale", self._vstale_tag, f, _flag(vstale))
+        while len(pending) > 4:  # halves whose partner never came
+            del pending[next(iter(pending))]
 
     def active(self) -> list[Alert]:
         """Alerts whose anomaly is still ongoing (for a panel's "now" strip)."""

@@ -122,3 +122,24 @@ def test_rule_object_alone():
     assert is_moment2_tag("param/fc1.weight/moment2_norm")
     assert not is_moment2_tag("param/fc1.weight/moment1_norm")
     assert not is_moment2_tag("train/moment2_norm")
+
+
+def test_grad_norm_recorded_a_step_late_still_pairs_with_its_v(tuning):
+    """On Ascend/GPU the monitor records the device grad_norm one collected step late, in
+    its own update: the rule must still judge each step's grad_norm with that step's v."""
+    spec, rec = next((s, r) for s, r in tuning if s.name == "adam-spike-regress-lr1-s1")
+    together, late = Diagnoser(), Diagnoser()
+    got_together, got_late = [], []
+    for i in range(len(rec["loss"])):
+        moments = {t: v[i] for t, v in rec["opt"].items()}
+        both = {"train/grad_norm": rec["grad_norm"][i], **moments}
+        got_together += [a for a in together.update(i, both) if a.kind == "adam_v_stale"]
+        got_late += [a for a in late.update(i, moments) if a.kind == "adam_v_stale"]
+        if i:  # the previous step's grad_norm, recorded at its own step
+            prev = {"train/grad_norm": rec["grad_norm"][i - 1]}
+            got_late += [a for a in late.update(i - 1, prev) if a.kind == "adam_v_stale"]
+    assert got_together and got_together[0].since_step == spec.onset
+    # the last step's grad_norm never came: everything before it is judged the same
+    assert [(a.step, a.since_step) for a in got_late] == [
+        (a.step, a.since_step) for a in got_together if a.step < len(rec["loss"]) - 1
+    ]
