@@ -212,6 +212,14 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any], Any], Any]]] = {
         "patience": (3, _count(1), 5),
         "min_history": (30, _count(2), 50),
     },
+    "adam_v_stale": {
+        "grad_tag": ("train/grad_norm", _tag, "train/grad_norm"),
+        "factor": (10.0, _above_one, 30.0),
+        "z": (5.0, _positive, 8.0),
+        "patience": (1, _count(1), 2),
+        "window": (64, _count(4), 128),
+        "min_history": (20, _count(2), 30),
+    },
     "metric_missing": {
         "patience": (100, _count(1), 500),
     },

@@ -1,7 +1,8 @@
 """Diagnosis: alert rules over a run's scalar series, with the step each anomaly began.
 
 Rules are small objects over one numeric series each (``grad.py``, ``loss.py``,
-``lr.py``, ``steps.py``), configured by ``monitor_config.alerts`` (``config/alerts.py``),
+``lr.py``, ``steps.py``; ``optim.py`` and ``pipeline.py`` read two or more), configured
+by ``monitor_config.alerts`` (``config/alerts.py``),
 run incrementally by ``Diagnoser`` (``engine.py``) or over whole series by ``detect``
 (one rule) and ``diagnose`` (all of them). Nothing here imports MindSpore or numpy:
 the hot path is plain Python, O(1) per step, about 9-15 us a step for the default
@@ -43,6 +44,11 @@ rising_trend       warning   log-loss and log grad_norm (or lr x         change 
                              falling, after grad_norm's early growth
 data_bound         warning   median data share >= 50 % over 10 steps     first data-bound
                              and median wait >= 1 ms                     step of the window
+adam_v_stale       warning   grad_norm^2 / ||v|| (Adam's second moment,  first step out of
+                             param/*/moment2_norm, optimizer_state       its band: exact
+                             tracked) >= 10x its running median and 5    for a sudden
+                             robust sigmas: updates g/sqrt(v) far larger return of the
+                             than usual, a loss spike follows            gradient
 metric_missing     warning   a tracked 'group/tag' absent after 100      first step
                              collected steps
 step_order         warning   a series' step <= its previous step         exact

@@ -14,6 +14,7 @@ from typing import Any
 
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
@@ -76,6 +77,16 @@ class Diagnoser:
             if "data_bound" not in disabled
             else None
         )
+        vstale = self.settings["adam_v_stale"]
+        self._vstale = (
+            AdamVStale(**{k: v for k, v in vstale.items() if k != "action"})
+            if "adam_v_stale" not in disabled
+            else None
+        )
+        self._vstale_tag = vstale["grad_tag"]
+        # ("v"|"g", step) -> a half of adam_v_stale's input waiting for the other half;
+        # empty until the first moment2 tag arrives, so runs without it pay nothing
+        self._v_pending: dict[tuple[str, int], float] = {}
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -116,9 +127,18 @@ class Diagnoser:
                     for fn in observe:
                         fn(tag, value)
         routes = self._routes
+        vstale = self._vstale
+        v_squares = 0.0
+        v_count = 0
         for tag, value in values.items():
             route = routes.get(tag)
             if route is None:
+                # Adam's v, one tag per parameter: summed here for adam_v_stale
+                if vstale is not None and is_moment2_tag(tag):
+                    value = float(value)
+                    if value - value == 0.0:
+                        v_squares += value * value
+                        v_count += 1
                 continue
             value = float(value)
             rules, nonfinite = route
@@ -132,6 +152,10 @@ class Diagnoser:
                 f = rule.update(step, value)
                 if f is not None:
                     self._raise(new, step, kind, tag, f, _flag(rule))
+        if vstale is not None and (v_count or self._v_pending):
+            self._pair_v(
+                new, step, values.get(self._vstale_tag), v_squares**0.5 if v_count else None
+            )
         bound = self._data_bound
         if bound is not None and DATA_TAG in values and COMPUTE_TAG in values:
             f = bound.update(step, float(values[DATA_TAG]), float(values[COMPUTE_TAG]))
@@ -142,6 +166,30 @@ class Diagnoser:
             for tag, f in missing.update(step, values):
                 self._raise(new, step, "metric_missing", tag, f, self._missing_check(tag))
         return new
+
+    def _pair_v(self, new: list[Alert], step: int, grad: Any, v_norm: float | None) -> None:
+        """Feed ``adam_v_stale`` grad_norm and ||v|| of one step, even when they arrive in
+        different ``update`` calls: on Ascend/GPU the monitor reads the device grad_norm
+        one collected step late and records it at its own step, after that step's
+        optimizer state. Unpaired halves wait for their partner for a few steps."""
+        pending = self._v_pending
+        if v_norm is None:
+            if grad is None:
+                return
+            v_norm = pending.pop(("v", step), None)
+            if v_norm is None:
+                pending[("g", step)] = float(grad)
+        elif grad is None:
+            grad = pending.pop(("g", step), None)
+            if grad is None:
+                pending[("v", step)] = v_norm
+        if grad is not None and v_norm is not None:
+            vstale = self._vstale
+            f = vstale.update(step, float(grad), v_norm)  # type: ignore[union-attr]
+            if f is not None:
+                self._raise(new, step, "adam_v_stale", self._vstale_tag, f, _flag(vstale))
+        while len(pending) > 4:  # halves whose partner never came
+            del pending[next(iter(pending))]
 
     def active(self) -> list[Alert]:
         """Alerts whose anomaly is still ongoing (for a panel's "now" strip)."""

@@ -48,6 +48,7 @@ SEVERITY: dict[str, str] = {
     "rising_trend": "warning",
     "metric_missing": "warning",
     "data_bound": "warning",
+    "adam_v_stale": "warning",
     "step_order": "warning",
 }
 
@@ -115,7 +116,7 @@ def detect(
             for _tag, f in order.update(step, (name,)):
                 out.append(Alert(step, kind, severity, f.message, f.since_step, name, None, rank))
         return out
-    if kind in ("metric_missing", "data_bound"):
+    if kind in ("metric_missing", "data_bound", "adam_v_stale"):
         raise ValueError(f"{kind} spans several series; feed a Diagnoser instead")
     if values is None:
         raise ValueError(f"{kind} needs values")

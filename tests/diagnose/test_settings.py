@@ -11,7 +11,7 @@ from msmon_nb.diagnose.rules import SERIES_RULES
 def test_every_kind_has_a_severity_and_an_implementation():
     assert set(SEVERITY) == set(KINDS)
     assert set(SEVERITY.values()) <= {"warning", "critical"}
-    cross_series = {"nonfinite", "metric_missing", "step_order", "data_bound"}
+    cross_series = {"nonfinite", "metric_missing", "step_order", "data_bound", "adam_v_stale"}
     assert set(SERIES_RULES) | cross_series == set(KINDS)
 
 

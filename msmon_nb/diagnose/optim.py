@@ -1,0 +1,124 @@
+"""Optimizer-state rules: Adam's second moment no longer tracking the squared gradient.
+
+Adam divides each update by sqrt(v), v an exponential average of g^2 with a long memory
+(1 / (1 - beta2) steps: 1000 at MindSpore's default 0.999, 20-100 in LLM recipes). After
+a long quiet-gradient stretch v has decayed to the quiet level; when normal gradients
+come back, v needs many steps to catch up, and meanwhile the update g / sqrt(v) is
+several times its usual size: the loss spikes some steps later (arXiv 2506.04805,
+"Adaptive Preconditioners Trigger Loss Spikes in Adam"). The same holds whenever g^2
+jumps far above what v has seen, whatever the reason.
+
+What the monitor records is enough to see it coming: the global gradient norm G and the
+L2 norm of each parameter's v (``param/<name>/moment2_norm``, ``optimizer_state`` in
+``track_metrics``). Their ratio rho = G^2 / ||v|| (||v|| over every tracked parameter)
+is scale-free: when gradients grow or shrink slowly, v follows and rho stays at its own
+level (which depends on the model, the batch noise and beta2, hence the comparison with
+the series' own running median). When v lags g^2, rho jumps by up to 1 / (1 - beta2) --
+at the step the gradient comes back, before the enlarged updates have moved the
+weights far enough to show in the loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+from msmon_nb.diagnose.alert import fmt, fmt_ratio
+from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
+from msmon_nb.diagnose.window import RollingWindow
+
+MOMENT2_SUFFIX = "/moment2_norm"
+MOMENT_PREFIX = "param/"
+
+_HINT = (
+    "Adam's second moment v no longer tracks g^2 (it decayed during a quiet stretch, or "
+    "lags a sudden rise), so the update g/sqrt(v) is far larger than usual until v catches "
+    "up, and a loss spike often follows (arXiv 2506.04805): lower the learning rate for the "
+    "next 1/(1 - beta2) steps, clip the update or the gradient, or use a smaller beta2 so v "
+    "follows faster"
+)
+
+
+def is_moment2_tag(tag: str) -> bool:
+    """``param/<name>/moment2_norm``: the L2 norm of one parameter's Adam v."""
+    return tag.endswith(MOMENT2_SUFFIX) and tag.startswith(MOMENT_PREFIX)
+
+
+class AdamVStale(EpisodeRule):
+    """rho = grad_norm^2 / ||v|| at least ``factor`` x its running median (and ``z``
+    robust sigmas above it, in log10) for ``patience`` collected steps in a row.
+
+    ``||v||`` is the L2 norm of Adam's second moment over every tracked parameter,
+    sqrt(sum of ``moment2_norm``^2), read after the step's update (so it already holds
+    the step's own g^2 x (1 - beta2)). The reference is the median of the last
+    ``window`` values of log10(rho) before the current one, the spread 1.4826 x their
+    MAD; a value is only judged once ``min_history`` are in the window. ``patience``
+    is 1 by default: the spike follows within a few steps, so waiting costs the lead.
+    ``since_step`` is the first step of the unbroken run of values more than
+    max(2x, 3 sigma) over the median that ends in the alert (exact for a sudden return
+    of the gradient). It clears after ``QUIET`` steps back in that band.
+
+    An outlier batch makes rho jump too (g^2 far above v): then ``loss_spike`` or
+    ``grad_explosion`` usually fires at the same step, and this alert adds why the next
+    updates are large.
+    """
+
+    __slots__ = ("_over", "_since", "log_factor", "min_history", "name", "patience", "win", "z")
+
+    def __init__(
+        self,
+        *,
+        grad_tag: str,
+        factor: float,
+        z: float,
+        patience: int,
+        window: int,
+        min_history: int,
+    ) -> None:
+        super().__init__()
+        self.name = short(grad_tag)
+        self.log_factor = math.log10(factor)
+        self.z = z
+        self.patience = patience
+        self.min_history = min(min_history, window)
+        self.win = RollingWindow(window)
+        self._over = 0
+        self._since: int | None = None
+
+    def update(self, step: int, grad_norm: float, v_norm: float) -> Finding | None:
+        """Feed one collected step's global grad_norm and the L2 norm of Adam's v."""
+        if not (grad_norm > 0.0 and v_norm > 0.0) or math.isinf(grad_norm + v_norm):
+            return None
+        x = math.log10(grad_norm * grad_norm / v_norm)
+        win = self.win
+        n = len(win)
+        median = win.median() if n else 0.0
+        win.add(x)
+        elevated = exceeds = False
+        d = 0.0
+        if n >= self.min_history:
+            d = x - median
+            if d > LOG2:  # cheap test first: the MAD is only needed for suspicious values
+                sigma = win.sigma()
+                elevated = d > 3.0 * sigma
+                exceeds = elevated and d > self.log_factor and d > self.z * sigma
+        if elevated:
+            if self._since is None:
+                self._since = step
+        else:
+            self._since = None
+        self._over = self._over + 1 if exceeds else 0
+        if self.active:
+            self.episode.settle(calm=not elevated)
+            return None
+        if self._over < self.patience:
+            return None
+        self.episode.start()
+        since = step if self._since is None else self._since
+        ratio = 10.0**d
+        message = (
+            f"Adam's v is stale since step {since}: {self.name}^2 / ||v|| is "
+            f"{fmt_ratio(ratio)} its running median ({self.name} {fmt(grad_norm)}, "
+            f"||v|| {fmt(v_norm)}), so the next updates are about {fmt_ratio(math.sqrt(ratio))} "
+            f"their usual size; {_HINT}"
+        )
+        return Finding(since, ratio, message)
