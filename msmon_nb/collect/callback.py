@@ -19,7 +19,12 @@ into ``train/grad_norm`` as docs/ARCHITECTURE.md defines it (unscaled, before cl
 ``grad_norm_clipped``/``loss_scale``/``overflow``/``micro_grad_norm`` tags. The loss
 scale of a cell whose graph never reports it (a fixed ``scale_sense`` or ``sens``) is
 read from the cell. A graph compiled while wrapped keeps the (dormant) wrappers after
-training, so a second ``Model.train`` under the same callback does not compile again.
+training, so a second ``Model.train`` does not compile again: the train cell keeps the
+taps its graph holds (``_msmon_taps``), and a later callback on that cell -- the same
+one, or another monitor's, as when a notebook cell runs again with a new run -- reads
+those taps instead of making its own (each compile of the bench MLP's train graph costs
+0.5-2 s; ``bench/overhead.py`` alternating two monitors on one model paid it at every
+``Model.train`` call, 1.46x plain).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from msmon_nb.collect.gradsource import PER_MICRO_CLIP, resolve, scaling_artifact
+from msmon_nb.collect.gradtaps import Reading, StepTaps
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, read_lr
@@ -47,7 +53,8 @@ class MonitorCallback(Callback):
         self.monitor = monitor
         self.tap: Any = None  # collect.gradtaps.StepTaps while installed
         self.network: Any = None
-        self._token = object()  # marks a network whose graph holds this callback's taps
+        # what this callback learnt reading the taps (they may be another callback's)
+        self._reading: Reading | None = None
         self._scale: float | None = None
         self._collected: int | None = None  # the last collected step
         self.optimizer: Any = None
@@ -160,8 +167,10 @@ class MonitorCallback(Callback):
     def _install_taps(self, network: Any) -> None:
         """Wrap the optimizers, clip functions and loss-scale hooks (``collect.gradtaps``)
         for this ``Model.train`` call, and drop the train cell's compiled graph unless it
-        was compiled with this callback's taps. With ``action: skip`` the optimizer
-        wrapper also holds the skip gate (unless a watch's wrapper already does)."""
+        was compiled with the taps installed now: taps the cell's graph already holds
+        are reused when they carry the same skip gate (none, usually), whichever
+        callback made them. With ``action: skip`` the optimizer wrapper also holds the
+        skip gate (unless a watch's wrapper already does)."""
         mon = self.monitor
         if network is None:
             return
@@ -169,25 +178,38 @@ class MonitorCallback(Callback):
         wants = mon.config.tracks("grad_norm") or gate is not None
         if not wants:
             return
+        own_gate = gate if gate is not None and gate.active == 0 else None
+        compiled = getattr(network, "_msmon_taps", None)  # what its graph was compiled with
+        if (
+            compiled is not None
+            and compiled is not self.tap
+            and compiled.optimizer.gate is own_gate
+            and not compiled.installed
+        ):
+            # another callback's taps (another run, or a cell run again in a notebook):
+            # the same wrappers over the same Parameters, so the compiled graph serves
+            # as it is. Making new ones would drop it and compile again at every
+            # Model.train call that changes callback (0.5-2 s each for the bench MLP)
+            self.tap = compiled
         if self.tap is None:
-            from msmon_nb.collect.gradtaps import StepTaps
-
-            own_gate = gate if gate is not None and gate.active == 0 else None
             # no jit cache to drop: the train cell's own graph is dropped below, and
             # PyNative runs the wrappers as they are (other jit functions keep theirs)
             self.tap = mon.guard("making the grad_norm taps", StepTaps, None, own_gate)
             if self.tap is None:
                 return
+        if self._reading is None:
+            self._reading = self.tap.reading if self.tap is not compiled else Reading()
+        self.tap.read_for(self._reading)
         if mon.guard("installing the grad_norm taps", self.tap.install) is None and not (
             self.tap.installed
         ):
             self.tap = None
             return
-        if getattr(network, "_msmon_tapped_by", None) is not self._token:
+        if compiled is not self.tap:
             cache = getattr(network, "compile_cache", None)
             if isinstance(cache, set):
                 cache.clear()
-            network._msmon_tapped_by = self._token
+            network._msmon_taps = self.tap
 
     def _gate_loss(self, network: Any) -> None:
         """With ``action: skip`` on the loss: a LossTap on the train cell's network, so

@@ -278,6 +278,20 @@ def _own(owner: Any, name: str) -> Any:
     return value if callable(value) else None
 
 
+class Reading:
+    """What one reader of a ``StepTaps`` (a callback, a watch) keeps between reads: the
+    step pattern it learnt, the counts at its last collected step's end and at the
+    current one's begin, and the loss-scale writes it has seen."""
+
+    __slots__ = ("begun", "last", "pattern", "scales")
+
+    def __init__(self) -> None:
+        self.pattern = StepPattern()
+        self.last: Counts | None = None  # at the end of the previous collected step
+        self.begun: Counts | None = None
+        self.scales = 0
+
+
 class StepTaps:
     """The optimizer tap and the clip/loss-scale taps, read around one collected step.
 
@@ -291,10 +305,26 @@ class StepTaps:
     def __init__(self, cache: set | None, gate: Any = None) -> None:
         self.optimizer = OptimizerTap(cache, gate)
         self.graph = GraphTaps(cache)
-        self.pattern = StepPattern()
-        self._last: Counts | None = None  # at the end of the previous collected step
-        self._begun: Counts | None = None
-        self._scales = 0
+        self.reading = Reading()  # the reader whose steps the counters are read for
+
+    @property
+    def pattern(self) -> StepPattern:
+        """The current reader's step pattern (``gradsource.StepPattern``)."""
+        return self.reading.pattern
+
+    def read_for(self, reading: Reading) -> None:
+        """Read the counters for ``reading`` from now on (a ``Model.train`` callback
+        reusing taps that another callback's graph was compiled with: see
+        ``collect.callback``). If another reader used the taps since ``reading`` last
+        did, the counters moved for that reader's steps: the gap since ``reading.last``
+        is not ``reading``'s own and is not learnt from, and the loss-scale writes so far
+        count as seen, so the scale is read once the graph writes it again -- as with
+        new taps, whose counters start at 0."""
+        if reading is self.reading:
+            return
+        reading.last = reading.begun = None
+        reading.scales = self.graph.scale_count()
+        self.reading = reading
 
     @property
     def installed(self) -> bool:
@@ -303,7 +333,7 @@ class StepTaps:
     @property
     def begun(self) -> bool:
         """``begin()`` was called for a step that has not ended."""
-        return self._begun is not None
+        return self.reading.begun is not None
 
     def install(self) -> None:
         if self.graph.installed:  # (PyNative-only until now) graphs must compile again
@@ -344,20 +374,22 @@ class StepTaps:
         """Before a collected step; ``steps_between``: uncollected steps since the last
         collected one (their counts tell how the loop clips and accumulates)."""
         now = self.counts()
-        if self._last is not None and steps_between > 0:
-            gap = now - self._last
-            self.pattern.update(steps_between, gap.clips, gap.optimizer, gap.overflows)
-        self._begun = now
+        reading = self.reading
+        if reading.last is not None and steps_between > 0:
+            gap = now - reading.last
+            reading.pattern.update(steps_between, gap.clips, gap.optimizer, gap.overflows)
+        reading.begun = now
 
     def end(self, python_optimizer_calls: int = 0) -> tuple[GradSeen, float | None]:
         """After a collected step; ``python_optimizer_calls``: optimizer calls the watch
         saw in Python this step (the tap does not count those)."""
         now = self.counts()
-        step = now - (self._begun or now)
-        self._last, self._begun = now, None
+        reading = self.reading
+        step = now - (reading.begun or now)
+        reading.last, reading.begun = now, None
         calls = step.optimizer + python_optimizer_calls
-        self.pattern.update(1, step.clips, calls, step.overflows)
-        seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=self.pattern.accumulating)
+        reading.pattern.update(1, step.clips, calls, step.overflows)
+        seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=reading.pattern.accumulating)
         lr = None
         if seen.optimizer_ran:
             _, seen.received, lr = self.optimizer.read()
@@ -366,7 +398,7 @@ class StepTaps:
         if step.checks > 0:
             seen.overflow = step.overflows > 0
         scales = self.graph.scale_count()
-        if scales > self._scales:
-            self._scales = scales
+        if scales > reading.scales:
+            reading.scales = scales
             seen.loss_scale = float(self.graph.scale.item())
         return seen, lr
