@@ -28,8 +28,8 @@ test: $(STAMP) sysdeps
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
-	$(BIN)/python bench/events.py
+bench: $(STAMP) sysdeps
+	$(BIN)/python bench/all.py; status=$$?; $(BIN)/python bench/all.py --update-readme; exit $$status
 
 clean-venv:
 	rm -rf $(VENV)

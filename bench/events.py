@@ -123,7 +123,7 @@ def read_ours_bulk(run_dir: Path) -> int:
 def read_ours_records(run_dir: Path) -> int:
     from msmon_nb.events.reader import read_events
 
-    (path,) = run_dir.iterdir()
+    (path,) = run_dir.glob("*summary*")  # the events file (the overview beside it is not)
     return sum(len(r.values) for r in read_events(path))
 
 

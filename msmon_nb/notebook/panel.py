@@ -197,12 +197,13 @@ class Panel:
             self._post({"type": "ack", "id": content["id"]})
         self._next_send = 0.0  # the user waits for the answer
 
-    def _post(self, msg: dict[str, Any]) -> None:
-        """A small message to the page, in order with the updates."""
+    def _post(self, msg: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+        """A message to the page, in order with the others: through the outbox thread
+        when there is one, else straight to the widget."""
         if self.outbox is not None:
-            self.outbox.put(msg, None)
+            self.outbox.put(msg, buffers)
         else:
-            self.widget.send(msg, None)
+            self.widget.send(msg, buffers)
 
     # --- step boundaries ------------------------------------------------------------------
 
@@ -296,10 +297,7 @@ class Panel:
         for msg, buffers in self._messages(reset):
             self.messages += 1
             msg["seq"] = self.messages  # a view that drew the synced state skips seq <= its
-            if self.outbox is not None:
-                self.outbox.put(msg, buffers)
-            else:
-                self.widget.send(msg, buffers)
+            self._post(msg, buffers)
             self.bytes_sent += sum(len(b) for b in buffers or ())
 
     def _messages(self, reset: bool) -> list[tuple[dict[str, Any], list[bytes] | None]]:

@@ -288,23 +288,28 @@ class _Rank:
         status = run_status(marker, files)
         if status == "running":
             return False
-        series = {}
         last = None
         for tag in overview.tags:
             rows = overview.tag_rows(tag)
-            if rows is None or not len(rows):
-                continue
-            steps, values = points(rows)
-            series[tag] = Points(steps, values.astype(np.float32), exact=False)
-            last = max(last or 0, int(rows["last_step"][-1]))
+            if rows is not None and len(rows):
+                last = max(last or 0, int(rows["last_step"][-1]))
         self.overview = overview
-        self.series = series
+        self.series = {}  # filled per tag on first use (the merged chart reads rows only)
         self.snapshots = read_jsonl(self.path / SNAPSHOTS)
         self.last_step = last
         self.last_write = max((f.stat().st_mtime for f in files), default=None)
         self.status = status
         self.problems = []
         return True
+
+    def _overview_points(self, tag: str) -> Points | None:
+        points_ = self.series.get(tag)
+        if points_ is None and self.overview is not None:
+            rows = self.overview.tag_rows(tag)
+            if rows is not None and len(rows):
+                steps, values = points(rows)
+                points_ = self.series[tag] = Points(steps, values.astype(np.float32), exact=False)
+        return points_
 
     def blocks(self, tag: str) -> np.ndarray | None:
         """The overview rows of ``tag`` while the rank is served from its overview."""
@@ -328,15 +333,19 @@ class _Rank:
         self.run = None
 
     def tags(self) -> list[str]:
-        return self.run.tags() if self.run is not None else sorted(self.series)
+        if self.run is not None:
+            return self.run.tags()
+        if self.overview is not None:
+            return sorted(self.overview.tags)
+        return sorted(self.series)
 
     def scalars(self, tag: str) -> Points:
         if self.run is not None:
             series = self.run.scalars(tag)
             return Points(series.steps, series.values)
-        points = self.series.get(tag)
+        points = self._overview_points(tag) if self.overview is not None else self.series.get(tag)
         if points is None:
-            known = ", ".join(sorted(self.series)) or "none"
+            known = ", ".join(self.tags()) or "none"
             raise KeyError(f"run {self.name!r} has no scalar tag {tag!r}; it has: {known}")
         return points
 

@@ -195,7 +195,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
             self._json(415, {"error": "send JSON: Content-Type: application/json"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self._json(400, {"error": "Content-Length is not a number"})
+            return
         if not 0 < length <= 4096:
             self._json(413, {"error": "a control request is a small JSON object"})
             return

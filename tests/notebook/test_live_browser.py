@@ -209,7 +209,16 @@ def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path
     settings = tmp_path / ".settings" / "@jupyter-widgets" / "jupyterlab-manager"
     settings.mkdir(parents=True)
     (settings / "plugin.jupyterlab-settings").write_text('{"saveState": true}')
-    train = TRAIN.replace("range(4000)", "range(60)").format(base=tmp_path / "summary")
+    # a snapshot at step 30: its table and histogram are drawn by the page (chart.js)
+    train = (
+        TRAIN.replace("range(4000)", "range(60)")
+        .replace(
+            "    time.sleep(0.02)\n",
+            "    time.sleep(0.02)\n    if step == 30:\n"
+            "        import msmon_nb; msmon_nb.snapshot({{'fc.grad': grads[0]}})\n",
+        )
+        .format(base=tmp_path / "summary")
+    )
     write_notebook(tmp_path / "first.ipynb", [SETUP, train])
     with jupyter_page(tmp_path, "first.ipynb") as page:
         run_all(page)
@@ -226,6 +235,8 @@ def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path
             timeout=60_000,
         )
         assert "finished" in page.locator(".msmon-status").first.inner_text()
+        row = page.locator(".msmon-snapshots tr[data-snapshot='fc.grad']")
+        assert row.count() == 1 and row.locator("svg.msmon-hist rect").count() > 5
 
 
 CONTROL_FRAMES = re.compile(rb'"comm_msg".*"type":\s*"(pause|resume|stop|freq)"', re.S)

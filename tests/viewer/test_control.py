@@ -44,11 +44,11 @@ def viewer(tmp_path):
     server.stop()
 
 
-def post(server, body, token=None, host=None, content_type="application/json"):
+def post(server, body, token=None, host=None, content_type="application/json", length=None):
     host_port = server.server_address[:2]
     conn = http.client.HTTPConnection(*host_port, timeout=30)
     data = json.dumps(body).encode()
-    headers = {"Content-Type": content_type, "Content-Length": str(len(data))}
+    headers = {"Content-Type": content_type, "Content-Length": length or str(len(data))}
     if token is not None:
         headers["X-Msmon-Token"] = token
     if host is not None:
@@ -100,6 +100,8 @@ def test_control_needs_the_token_a_local_host_and_a_known_run(viewer, tmp_path):
         assert status == 403 and "local-only" in body["error"]
         status, _ = post(viewer, {"run": "live", "cmd": "stop"}, token, content_type="text/plain")
         assert status == 415
+        status, body = post(viewer, {"run": "live", "cmd": "stop"}, token, length="12abc")
+        assert status == 400 and "Content-Length" in body["error"]
         status, body = post(viewer, {"run": "../elsewhere", "cmd": "stop"}, token)
         assert status == 404
         status, body = post(viewer, {"run": "live", "cmd": "jump"}, token)

@@ -338,24 +338,25 @@ function render({ model, el }) {
   // current): each state is a whole reset, and an update it already holds (seq at most
   // the state's) is skipped, whichever of the two arrives first.
   let stateSeq = null;
-  const onMsg = (msg, buffers) => {
+  // one bad message is logged and the panel goes on with the next
+  const draw = (msg, buffers) => {
     try {
-      if (msg.type === "reset") stateSeq = null;
-      else if (stateSeq !== null && msg.seq !== undefined && msg.seq <= stateSeq) return;
       panel.onMessage(msg, buffers);
+      return true;
     } catch (err) {
       console.error("msmon panel:", err);
+      return false;
     }
+  };
+  const onMsg = (msg, buffers) => {
+    if (msg.type === "reset") stateSeq = null;
+    else if (stateSeq !== null && msg.seq !== undefined && msg.seq <= stateSeq) return;
+    draw(msg, buffers);
   };
   const fromState = () => {
     const initial = model.get("initial");
     if (!initial || !initial.type) return;
-    try {
-      panel.onMessage(initial, [model.get("initial_data")]);
-      stateSeq = initial.seq ?? 0;
-    } catch (err) {
-      console.error("msmon panel:", err);
-    }
+    if (draw(initial, [model.get("initial_data")])) stateSeq = initial.seq ?? 0;
   };
   const onState = () => {
     if (stateSeq !== null) fromState();
