@@ -85,7 +85,10 @@ def test_callbacks_taking_turns_on_one_model_compile_its_graph_once(tmp_path, mo
     taps the train graph was compiled with instead of making its own, so the graph
     compiles once, not at every Model.train call that changes callback (the 1.46x
     regression of bench/overhead.py), and every run still records its own steps' values."""
-    from mindspore.graph import api
+    try:
+        from mindspore.graph import api  # MindSpore 2.10
+    except ImportError:
+        from mindspore.common import api  # 2.7: the graph executor lived here
 
     x, y = tiny.data(n=32 * STEPS_PER_EPOCH)
     lr = 0.05
