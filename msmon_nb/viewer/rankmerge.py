@@ -223,6 +223,15 @@ def _interned(pool: list[np.ndarray], steps: np.ndarray) -> np.ndarray:
     return steps
 
 
+def _compact_series(run: Run, pool: list[np.ndarray]) -> dict[str, Points]:
+    """Every scalar tag of a decoded ``run`` as ``Points``, steps arrays shared via ``pool``."""
+    series = {}
+    for tag in run.tags():
+        points = run.scalars(tag)
+        series[tag] = Points(_interned(pool, points.steps), points.values)
+    return series
+
+
 class _Rank:
     """One rank: a live ``Run`` while it is written, compact ``Points`` once it is done."""
 
@@ -324,12 +333,8 @@ class _Rank:
             self.refresh()
 
     def _compact(self, run: Run) -> None:
-        series = {}
-        for tag in run.tags():
-            points = run.scalars(tag)
-            series[tag] = Points(_interned(self.steps_pool, points.steps), points.values)
         self.snapshots = run.snapshots
-        self.series = series
+        self.series = _compact_series(run, self.steps_pool)
         self.run = None
 
     def tags(self) -> list[str]:
@@ -518,12 +523,7 @@ class RankView:
         if rank not in self._series:
             decoded = Run(self._lazy[rank])
             decoded.refresh()
-            self._series[rank] = {
-                t: Points(
-                    _interned(self._pool, decoded.scalars(t).steps), decoded.scalars(t).values
-                )
-                for t in decoded.tags()
-            }
+            self._series[rank] = _compact_series(decoded, self._pool)
         return self._series[rank][tag]
 
     def rank_last_step(self) -> Mapping[int, int | None]:

@@ -232,14 +232,14 @@ class RunStore:
             if isinstance(run, RankedRun):
                 merged = run.merged(tag, exact=exact)
             else:
-                parts = [run.scalars(tag, rank=r) for r in run.ranks if tag in _tags(run, r)]
-                if not parts:
+                ranks = [r for r in run.ranks if tag in _tags(run, r)]
+                if not ranks:
                     known = sorted({t for r in run.ranks for t in _tags(run, r)})
                     raise KeyError(
                         f"run {name!r} has no scalar tag {tag!r} on any rank; "
                         f"it has: {', '.join(known) or 'none'}"
                     )
-                merged = merge_ranks(parts, [r for r in run.ranks if tag in _tags(run, r)])
+                merged = merge_ranks([run.scalars(tag, rank=r) for r in ranks], ranks)
             entry.merged[key] = (entry.version, merged)
             return merged
 
