@@ -7,7 +7,9 @@ Each bench runs as its own process (as a user runs it), at its full size or, wit
 ``--smoke``, at a size that only proves it still runs (CI: every bench, about two minutes
 in all on two jobs). Its command, exit status, wall time and printed output go into one
 JSON results file. The README's benchmark blocks (``<!-- bench:NAME -->`` ... ``<!--
-/bench:NAME -->``) are that output, pasted by ``--update-readme``;
+/bench:NAME -->``) are that output, pasted by ``--update-readme``, which also pastes the
+detection tables quoted beside the rules (``<!-- detect:tables -->``, read by
+``tests/detection``);
 ``tests/test_bench_results.py`` fails when a block and the results file disagree, when a
 bench is missing from either, or when the file holds smoke results.
 
@@ -54,7 +56,7 @@ BENCHES = (
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),
     Bench("scale", ("--repeats", "5"), ("--repeats", "1", "--sizes", "1M")),
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
-    Bench("trainers", (), ("--steps", "1", "--rounds", "2")),
+    Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every")),
     Bench("relay", (), ("--series", "3", "--steps", "20000")),
     Bench("panel", (), ("--blocks", "1", "--secs", "2", "--points", "20000")),
     Bench("viewer", ("--no-mindinsight", "--data", str(CACHE / "viewer")),
@@ -109,6 +111,12 @@ def update_readme(results: dict) -> list[str]:
             missing.append(name)
             continue
         text = pattern.sub(lambda m, r=record: m.group(1) + readme_block(r) + m.group(3), text)
+    if "detect" in results["benches"] and not results["smoke"]:
+        # the detection tables quoted near the rules (tests/detection reads them): the
+        # detect bench's output up to its legend
+        tables = results["benches"]["detect"]["output"].split("\n\ncell:")[0].strip()
+        pattern = re.compile(r"(<!-- detect:tables -->\n)(.*?)(<!-- /detect:tables -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + f"```text\n{tables}\n```\n" + m.group(3), text)
     README.write_text(text)
     return missing
 

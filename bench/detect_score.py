@@ -275,10 +275,15 @@ def evaluate(runs: Iterable[Run], detector: Detector, accept: dict[str, set[str]
     alarms and their steps; alerts before the onset of failure runs."""
     kinds: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {"fa": 0, "healthy_steps": 0, "early": 0, "pre_onset_steps": 0}
+    out["fa_list"] = []  # (run, step, alert kind, loss at step 0, best loss up to the step)
     for spec, rec in runs:
         alerts = detector(spec, rec)
         if spec.failure is None:
             out["fa"] += len(alerts)
+            for step, kind in alerts:
+                seen = [v for v in rec["loss"][: step + 1] if math.isfinite(v)]
+                best = min(seen, default=math.nan)
+                out["fa_list"].append((spec.name, step, kind, rec["loss"][0], best))
             out["healthy_steps"] += len(rec["loss"])
             continue
         k = kinds.setdefault(
@@ -386,6 +391,16 @@ def table(results: dict[str, dict], title: str) -> str:
         fa += f" | {cells[1]:>{width}}"
         early += f" | {cells[2]:>{width}}"
     lines += [recall, fa, early]
+    first = results[names[0]]["fa_list"]
+    if first:
+        lines.append("")
+    for run, step, kind, start, best in first[:5]:
+        lines.append(
+            f"{names[0]}'s alert on a healthy run: {kind} at step {step} of {run} "
+            f"(loss {start:.3g} at step 0, best {best:.3g} up to step {step})"
+        )
+    if len(first) > 5:
+        lines.append(f"... and {len(first) - 5} more")
     return "\n".join(lines)
 
 

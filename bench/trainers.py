@@ -36,6 +36,13 @@ from mindcv.utils import create_trainer
 from msmon_nb.monitor import Monitor
 
 BATCH = 8
+# arm (--arms) -> its name in the output, collection interval (None: never monitored)
+ARMS = {
+    "plain": ("plain", None),
+    "plain2": ("plain, 2nd model", None),
+    "every": ("every step", 1),
+    "tenth": ("every 10th", 10),
+}
 
 
 def build():
@@ -61,16 +68,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help="comma-separated subset of: " + ",".join(ARMS) + " (the smoke run: plain,every)",
+    )
     args = parser.parse_args()
+    arms = [a.strip() for a in args.arms.split(",")]
+    if not {"plain", "every"} <= set(arms) or not set(arms) <= set(ARMS):
+        parser.error(f"--arms: 'plain' and 'every' are needed, and only {list(ARMS)}")
     ms.set_context(mode=ms.GRAPH_MODE)
     base = tempfile.mkdtemp(prefix="msmon_bench_trainers_")
     variants: dict[str, tuple] = {}
-    for name, freq in (
-        ("plain", None),
-        ("plain, 2nd model", None),
-        ("every step", 1),
-        ("every 10th", 10),
-    ):
+    for arm, (name, freq) in ARMS.items():
+        if arm not in arms:
+            continue
         net, model = build()
         mon = (
             Monitor(save_dir=base, run_name=name.replace(" ", "_"), log_interval=freq)
@@ -104,6 +116,8 @@ def main() -> None:
         ("every step", 1.05),
         ("every 10th", 1.01),
     ):
+        if name not in variants:
+            continue
         ratios = [a / b for a, b in zip(times[name], plain, strict=True)]
         cpu_ratios = [a / b for a, b in zip(cpu[name], cpu["plain"], strict=True)]
         print(

@@ -1,8 +1,10 @@
 """``mon.callback()``: a real ``mindspore.train.Callback`` for ``Model.train``.
 
 Loss comes from ``net_outputs`` (the first element when the train cell returns a tuple),
-the learning rate from ``optimizer.get_lr()`` read when a collected step begins (before
-the update moves ``global_step``), the batch size from the dataset. Steps are numbered
+the learning rate from the optimizer tap, which stores the ``get_lr()`` the update used
+inside the graph (without taps: ``optimizer.get_lr()`` read when a collected step begins,
+before the update moves ``global_step``; a read of our own cost 20-30 us a step), the
+batch size from the dataset. Steps are numbered
 as MindSpore numbers them (``cur_step_num``, from 1), so our records line up with
 ``LossMonitor`` output and ``SummaryCollector`` files. MindSpore restarts that count at
 1 on every ``Model.train``/``fit`` call; a later call under the same monitor ("train a
@@ -36,6 +38,7 @@ from mindspore.train import Callback
 
 from msmon_nb.collect.gradsource import PER_MICRO_CLIP, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps
+from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, read_lr
@@ -65,6 +68,9 @@ class MonitorCallback(Callback):
         self._t_end: float | None = None  # end of the previous step, after our own work
         self._offset = 0  # steps the run had before this Model.train call
         self._loss_cell: Any = None  # the train cell whose network has a LossTap
+        # whether the train cell has a loss scale of its own to read (an attribute of
+        # its class: looked up once per Model.train call, not at every step)
+        self._scaled = False
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -75,6 +81,8 @@ class MonitorCallback(Callback):
         if dataset is not None and self.batch_size is None:
             self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
         self.network = network
+        mon.guard("checking in-place writes", probe_host_writes)
+        self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
@@ -99,9 +107,14 @@ class MonitorCallback(Callback):
         self._lr = None
         self._scale = None
         if self._collect:
-            if self.optimizer is not None and mon.config.tracks("learning_rate"):
+            if (
+                self.optimizer is not None
+                and mon.config.tracks("learning_rate")
+                and not self._tap_reads_lr()
+            ):
                 self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
-            self._scale = mon.guard("reading the loss scale", cell_loss_scale, self.network)
+            if self._scaled:
+                self._scale = mon.guard("reading the loss scale", cell_loss_scale, self.network)
 
     def on_train_step_end(self, run_context: Any) -> None:
         mon = self.monitor
@@ -112,10 +125,16 @@ class MonitorCallback(Callback):
             mon.add_timing(waited, now - self._t_begin)
         collect = self._collect
         grad_norm, extra = None, None
-        if collect and self.tap is not None and mon.config.tracks("grad_norm"):
+        if collect and self._tap_reads_lr():
             got = mon.guard("reading the grad_norm taps", self._grads)
             if got is not None:
                 grad_norm, extra = got
+            if (
+                self._lr is None
+                and self.optimizer is not None
+                and mon.config.tracks("learning_rate")
+            ):  # the optimizer did not run this step (an overflow): global_step stayed
+                self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
         loss = cb.net_outputs if collect else None
         if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
             loss = None
@@ -154,9 +173,17 @@ class MonitorCallback(Callback):
         self.release()
         self.monitor.guard("flushing", self.monitor.flush)
 
+    def _tap_reads_lr(self) -> bool:
+        """Whether this collected step's taps are read at its end, which gives the lr the
+        optimizer used (its ``get_lr()`` inside the graph) without a read of our own."""
+        return self.tap is not None and self.monitor.config.tracks("grad_norm")
+
     def _grads(self) -> tuple[float | None, dict[str, float]]:
-        """grad_norm and the other gradient tags of the collected step that just ended."""
-        seen, _lr = self.tap.end()
+        """grad_norm and the other gradient tags of the collected step that just ended;
+        the lr the optimizer used goes to ``self._lr``."""
+        seen, lr = self.tap.end()
+        if lr is not None and self.monitor.config.tracks("learning_rate"):
+            self._lr = lr
         if seen.loss_scale is None:
             seen.loss_scale = self._scale
         got = resolve(seen, clip_per_micro=self.tap.pattern.per_micro_clip)

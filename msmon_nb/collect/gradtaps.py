@@ -46,7 +46,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from msmon_nb.collect.gradsource import GradSeen, StepPattern
-from msmon_nb.collect.graph import OptimizerTap, square_sum, tap_scalar
+from msmon_nb.collect.graph import OptimizerTap, square_sum, tap_scalar, write_scalar
 from msmon_nb.collect.patches import Patches
 
 _ONE = Tensor(1, ms.int32)
@@ -136,7 +136,7 @@ class GraphTaps:
     def set_collect(self, collect: bool) -> None:
         """Write in the coming steps or not (a 4-byte write when it changes)."""
         if collect != self._on[0]:
-            ops.assign(self.on, Tensor(int(collect), ms.int32))  # see clip_norm()
+            write_scalar(self.on, int(collect))  # in place: see clip_norm()
             self._on[0] = collect
 
     def counts(self) -> tuple[int, int, int]:
@@ -146,14 +146,18 @@ class GraphTaps:
     def clip_norm(self) -> float:
         """The norm of what the clip calls received since the last call (then zeroed)."""
         norm = float(self.clip_sq.item()) ** 0.5
-        # an op writing the Parameter's memory: ``set_data`` gives the Parameter a new
+        # written into the Parameter's memory: ``set_data`` gives the Parameter a new
         # tensor, and a Model.train graph compiled before kept adding into the old one
         # (seen on 2.10: every read after the first gave 0)
-        ops.assign(self.clip_sq, _ZERO_F)
+        write_scalar(self.clip_sq, 0.0)
         return norm
 
     def scale_count(self) -> int:
         return int(self.scales.item())
+
+    def loss_scale(self) -> float:
+        """The loss scale the graph wrote last."""
+        return float(self.scale.item())
 
     # --- the wrappers: plain graph syntax (MindSpore parses them when it compiles) ----
 
@@ -400,5 +404,5 @@ class StepTaps:
         scales = self.graph.scale_count()
         if scales > reading.scales:
             reading.scales = scales
-            seen.loss_scale = float(self.graph.scale.item())
+            seen.loss_scale = self.graph.loss_scale()
         return seen, lr

@@ -159,6 +159,10 @@ class Watch:
     def _attach(self) -> None:
         import mindspore
 
+        from msmon_nb.collect.graph import probe_host_writes
+
+        # before any hook of ours is in place (its graph is not a step)
+        self.monitor.guard("checking in-place writes", probe_host_writes)
         ways = find_ways_in()
         makers = {
             "forward": self._forward_hook,
