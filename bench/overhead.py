@@ -11,11 +11,13 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    the timer, like our monitor); also the callback's own time
    per step and the CPU time per step, which other processes on the machine do not move.
    Each variant runs on ``--instances`` models (identical models differ by several %).
+   ``--not-held`` adds every step with ``Monitor.hold_emits`` off (each step's scalars
+   passed on as it ends, not in batches): the A/B of that batching.
 3. The grad_norm reduction inside the train graph alone (one model, its tap switched on
    and off), next to the floor of reading every gradient byte once.
 
     python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300] [--only model]
-                             [--lr-schedule] [--instances 3]
+                             [--lr-schedule] [--instances 3] [--not-held]
 
 Prints ratios of block times (blocks interleaved, order rotated each round) with their
 spread, and the time spent inside the monitor itself per step.
@@ -150,7 +152,12 @@ def _spread(values: list[float]) -> str:
 
 
 def model_train(
-    train_steps: int, rounds: int, base: str, schedule: bool = False, instances: int = 3
+    train_steps: int,
+    rounds: int,
+    base: str,
+    schedule: bool = False,
+    instances: int = 3,
+    not_held: bool = False,
 ) -> None:
     """Blocks of one epoch each, alternating within every round (order rotated).
 
@@ -185,7 +192,12 @@ def model_train(
 
     every = Monitor(save_dir=base, run_name="model_train_every", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="model_train_tenth", log_interval=10)
-    own = {"every step": [], "every 10th": []}
+    monitors = [("every step", every), ("every 10th", tenth)]
+    if not_held:  # --not-held: every step, its scalars passed on one step at a time
+        single = Monitor(save_dir=base, run_name="model_train_not_held", log_interval=1)
+        single.hold_emits = lambda on, m=single: Monitor.hold_emits(m, False)
+        monitors.append(("every, not held", single))
+    own: dict[str, list] = {name: [] for name, _ in monitors}
     tapped: tuple = ()  # the first every-step callback and its model: in_graph toggles its tap
     # (variant, instance) -> (model, dataset, callbacks for round r)
     blocks: dict[tuple[str, int], tuple[Model, mds.Dataset, Any]] = {}
@@ -193,7 +205,7 @@ def model_train(
         plain_model, plain_data = model()
         blocks[("plain", i)] = (plain_model, plain_data, lambda r: None)
         mon_model, mon_data = model()  # both monitored variants: one model, one tap
-        for name, mon in (("every step", every), ("every 10th", tenth)):
+        for name, mon in monitors:
             cb = mon.callback()
             own[name].append(_Own(cb))
             if name == "every step" and not tapped:
@@ -232,8 +244,8 @@ def model_train(
             w, c = block(key, r)
             wall[key].append(w)
             cpu[key].append(c)
-    every.close()
-    tenth.close()
+    for _, mon in monitors:
+        mon.close()
 
     def per_round(name: str, table: dict) -> list[float]:
         keys = [k for k in blocks if k[0] == name]
@@ -260,7 +272,7 @@ def model_train(
         "  plain instances, each one's median / their mean (the draw a one-model "
         f"comparison measures): {' '.join(f'{v / statistics.mean(inst):.3f}' for v in inst)}"
     )
-    for name in ("every step", "every 10th", "SummaryCollector"):
+    for name in (*own, "SummaryCollector"):
         w, c = per_round(name, wall), per_round(name, cpu)
         ratios = [a / b for a, b in zip(w, plain_w, strict=True)]
         cpu_ratio = statistics.median(c) / med_c
@@ -327,6 +339,12 @@ def main() -> None:
     parser.add_argument(
         "--instances", type=int, default=3, help="Model.train: models per variant (>= 1)"
     )
+    parser.add_argument(
+        "--not-held",
+        action="store_true",
+        help="Model.train: also every step with each step's scalars passed on at once "
+        "(Monitor.hold_emits off), beside the batched default",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as base:
         if args.only in (None, "functional"):
@@ -338,6 +356,7 @@ def main() -> None:
                 base,
                 args.lr_schedule,
                 max(args.instances, 1),
+                args.not_held,
             )
 
 

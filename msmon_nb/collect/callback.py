@@ -86,6 +86,8 @@ class MonitorCallback(Callback):
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
+        # no user code reads the monitor between steps: fast steps' scalars go in batches
+        mon.guard("holding fast steps' scalars", mon.hold_emits, True)
         mon.mark_step_start(restart=True)
         self._offset = 0 if mon.last_step is None else mon.last_step
         self._t_end = None
@@ -269,6 +271,7 @@ class MonitorCallback(Callback):
         from msmon_nb.collect.skip import remove_loss_tap
 
         mon = self.monitor
+        mon.guard("passing on held scalars", mon.hold_emits, False)
         if self.tap is not None:
             mon.guard("switching the grad_norm tap off", self.tap.set_collect, False)
             mon.guard("unwrapping the optimizers", self.tap.uninstall)

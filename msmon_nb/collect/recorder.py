@@ -65,6 +65,11 @@ class Recorder(Protocol):
         ``inputs`` holds (on the others only its ``batch_size`` counts)."""
         ...
 
+    def hold_emits(self, on: bool) -> None:
+        """Let collected steps' scalars go on in batches (fast steps; no user code reads
+        the recorder between steps); off: what is held goes on now."""
+        ...
+
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
         """Where the step's time went: waiting for the next batch, or framework work."""
         ...

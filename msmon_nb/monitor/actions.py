@@ -90,6 +90,23 @@ class Actions:
         if self.recorder is not None:
             self.recorder.record(step, params or self.last_params, grads)
 
+    def can_wait(self) -> bool:
+        """Whether judging a step may wait a few steps (``Monitor.hold_emits``): every
+        alert kind only warns, and nothing needs the step's own tensors or boundary
+        (no ``break_on``, no flight recorder, no skip gate)."""
+        settings = self.diagnoser.settings
+        return (
+            self.break_on is None
+            and self.recorder is None
+            and self.gate is None
+            and not self.skip_kinds
+            and all(
+                entry.get("action", "warn") == "warn"
+                for kind, entry in settings.items()
+                if isinstance(entry, dict) and kind not in settings["disabled"]
+            )
+        )
+
     def observe(self, step: int, values: dict[str, float]) -> None:
         """Run the rules and ``break_on`` over one step's scalars."""
         for alert in self.diagnoser.update(step, values):

@@ -38,6 +38,7 @@ from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG
 from msmon_nb.metrics.series import SeriesStore
 from msmon_nb.monitor.actions import Actions
+from msmon_nb.monitor.batch import EmitBatch
 from msmon_nb.monitor.rankwatch import RankWatcher
 from msmon_nb.monitor.records import RunRecords
 from msmon_nb.rundir import (
@@ -128,6 +129,7 @@ class Monitor:
         self._stop_reason: str | None = None
         self._stopped = False
         self._sinks = Fanout([])
+        self._batch = EmitBatch()  # scalars held back (hold_emits)
         self.records = RunRecords(None, self._guard)  # alerts/snapshots.jsonl (none yet)
         self._control: ControlReader | None = None  # msmon ctl commands (rundir.control)
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
@@ -229,6 +231,7 @@ class Monitor:
             self._guard("unwrapping the gradient all-reduce", self._comm.uninstall)
         if self._late.pending is not None:  # the last collected step's device grad_norm
             self._record_late_norm()
+        self._release_held()
         self._sinks.close()
         if self._rankwatch is not None:  # after our own records reached the disk
             self._rankwatch.close()
@@ -563,14 +566,46 @@ class Monitor:
 
     def emit(self, step: int, values: Mapping[str, float]) -> None:
         """Scalars of ``step`` to the live series, every output and the rules: how the
-        ways in, the actions and ``log`` record (one path, so nothing skips the rules)."""
+        ways in, the actions and ``log`` record (one path, so nothing skips the rules).
+        Under ``hold_emits`` fast steps' scalars go on in batches, in order."""
         if not values:
             return
         wall = time.time()
+        batch = self._batch
+        if batch.on and batch.hold(step, wall, values):
+            if batch.due():
+                self._release_held()
+            return
         self.series.add(step, wall, values)
         self._sinks.scalars(step, wall, values)
         if self._actions is not None:
             self._guard("diagnosing", self._actions.observe, step, dict(values))
+
+    def hold_emits(self, on: bool) -> None:
+        """Let ``emit`` hold the scalars of collected steps that come less than 20 ms
+        apart and pass them on together once the oldest has waited 50 ms, or at a pause,
+        a stop, ``flush`` or ``close`` (``monitor.batch`` says why: about 120 us a step
+        less on a 7 ms step). For a way in where no user code reads the monitor between
+        steps (the ``Model.train`` callback). Not while an alert would act on the step it
+        fires at (``snapshot``, ``stop``, ``debug``, ``skip``, ``break_on``, a flight
+        recorder): then every step is judged as it ends. Off: what is held goes on now."""
+        self._batch.on = on and (self._actions is None or self._actions.can_wait())
+        if not self._batch.on:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Pass the held scalars on: each output takes the whole batch in turn (its code
+        and data stay in the caches), the rules last, in step order."""
+        items = self._batch.take()
+        if not items:
+            return
+        for step, wall, values in items:
+            self.series.add(step, wall, values)
+        for step, wall, values in items:
+            self._sinks.scalars(step, wall, values)
+        if self._actions is not None:
+            for step, _, values in items:
+                self._guard("diagnosing", self._actions.observe, step, values)
 
     def _boundary(self, raise_stop: bool) -> bool:
         """Run the step-boundary controls; returns True when the loop must stop."""
@@ -581,6 +616,9 @@ class Monitor:
             self._guard("reading msmon ctl commands", self._obey)
         for hook in list(self._boundary_hooks):
             self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
+        batch = self._batch
+        if batch.items and (self.paused or self._stop_requested or batch.due()):
+            self._release_held()
         while self.paused and not self._stop_requested:
             if control is not None and control.due(time.monotonic()):
                 self._guard("reading msmon ctl commands", self._obey)
@@ -655,4 +693,5 @@ class Monitor:
 
     def flush(self) -> None:
         """Push everything recorded so far to disk."""
+        self._release_held()
         self._sinks.flush()
