@@ -430,13 +430,24 @@ def _gscale(spec: Spec, s: int) -> float:
 
 def train(spec: Spec) -> dict[str, Any]:
     """Run ``spec`` for real; per step: loss, grad_norm, lr, data and compute seconds, and
-    ``opt``: ``{tag: [value per step]}`` of the Adam-family moment norms."""
+    ``opt``: ``{tag: [value per step]}`` of the Adam-family moment norms. In graph mode;
+    the caller's execution mode is restored after (tests run it beside PyNative tests)."""
+    import mindspore as ms
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        return _train(spec)
+    finally:
+        ms.set_context(mode=mode)
+
+
+def _train(spec: Spec) -> dict[str, Any]:
     import mindspore as ms
     from mindspore import nn, ops
 
     from msmon_nb.collect.optstate import OptimizerState
 
-    ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(spec.seed)
     x, y, out_dim = _data(spec, rng)
     n = x.shape[0]

@@ -38,3 +38,20 @@ def run_python(code: str, *args: str, timeout: float = 300, check: bool = True, 
 def python():
     """The ``run_python`` helper as a fixture."""
     return run_python
+
+
+@pytest.fixture(autouse=True)
+def _execution_mode_restored():
+    """Every test ends in PyNative mode (MindSpore's default) unless it began in another:
+    a test, or a bench function it calls, that switches to graph mode and does not
+    switch back would otherwise hand graph mode to the tests after it (seen: a PyNative
+    ``value_and_grad`` over a lambda then fails to parse)."""
+    ms = sys.modules.get("mindspore")
+    before = ms.get_context("mode") if ms is not None else None
+    yield
+    ms = sys.modules.get("mindspore")
+    if ms is None:
+        return
+    target = ms.PYNATIVE_MODE if before is None else before
+    if ms.get_context("mode") != target:
+        ms.set_context(mode=target)
