@@ -51,7 +51,6 @@ from msmon_nb.collect.patches import Patches
 
 _ONE = Tensor(1, ms.int32)
 _ZERO = Tensor(0, ms.int32)
-_ZERO_F = Tensor(0.0, ms.float32)
 
 
 @dataclass(frozen=True)

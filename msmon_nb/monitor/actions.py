@@ -92,14 +92,12 @@ class Actions:
 
     def can_wait(self) -> bool:
         """Whether judging a step may wait a few steps (``Monitor.hold_emits``): every
-        alert kind only warns, and nothing needs the step's own tensors or boundary
-        (no ``break_on``, no flight recorder, no skip gate)."""
+        alert kind only warns (so none skips: no skip gate exists), and nothing needs
+        the step's own tensors or boundary (no ``break_on``, no flight recorder)."""
         settings = self.diagnoser.settings
         return (
             self.break_on is None
             and self.recorder is None
-            and self.gate is None
-            and not self.skip_kinds
             and all(
                 entry.get("action", "warn") == "warn"
                 for kind, entry in settings.items()

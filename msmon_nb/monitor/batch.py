@@ -33,12 +33,13 @@ class EmitBatch:
         self.last = -float("inf")  # when the last item arrived, held or not
 
     def hold(self, step: int, wall: float, values: Mapping[str, float]) -> bool:
-        """Keep the item for later; False when it must be passed on now (holding is off,
-        or the previous item came ``GAP`` or more ago and none is waiting)."""
+        """While ``on`` (the caller checks it): keep the item for later; False when it
+        must be passed on now (the previous item came ``GAP`` or more ago and none is
+        waiting)."""
         now = time.perf_counter()
         fast = now - self.last < GAP
         self.last = now
-        if not self.on or not (fast or self.items):
+        if not (fast or self.items):
             return False
         if not self.items:
             self.since = now

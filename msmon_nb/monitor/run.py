@@ -576,29 +576,31 @@ class Monitor:
             if batch.due():
                 self._release_held()
             return
-        self.series.add(step, wall, values)
-        self._sinks.scalars(step, wall, values)
-        if self._actions is not None:
-            self._guard("diagnosing", self._actions.observe, step, dict(values))
+        self._pass_on([(step, wall, dict(values))])
 
     def hold_emits(self, on: bool) -> None:
         """Let ``emit`` hold the scalars of collected steps that come less than 20 ms
         apart and pass them on together once the oldest has waited 50 ms, or at a pause,
-        a stop, ``flush`` or ``close`` (``monitor.batch`` says why: about 120 us a step
-        less on a 7 ms step). For a way in where no user code reads the monitor between
-        steps (the ``Model.train`` callback). Not while an alert would act on the step it
-        fires at (``snapshot``, ``stop``, ``debug``, ``skip``, ``break_on``, a flight
-        recorder): then every step is judged as it ends. Off: what is held goes on now."""
+        a stop, ``flush`` or ``close`` (``monitor.batch`` says why: 517 -> 371 us of
+        callback time a step on the bench MLP, ``bench/overhead.py --not-held``). For a
+        way in where no user code reads the monitor between steps (the ``Model.train``
+        callback). Not while an alert would act on the step it fires at (``snapshot``,
+        ``stop``, ``debug``, ``skip``, ``break_on``, a flight recorder): then every step
+        is judged as it ends. Off: what is held goes on now."""
         self._batch.on = on and (self._actions is None or self._actions.can_wait())
         if not self._batch.on:
             self._release_held()
 
     def _release_held(self) -> None:
-        """Pass the held scalars on: each output takes the whole batch in turn (its code
-        and data stay in the caches), the rules last, in step order."""
+        """Pass the held scalars on (``_pass_on``), if any."""
         items = self._batch.take()
-        if not items:
-            return
+        if items:
+            self._pass_on(items)
+
+    def _pass_on(self, items: list[tuple[int, float, dict[str, float]]]) -> None:
+        """Scalars of one or more steps to the series, the outputs and the rules: each
+        takes the whole list in turn (its code and data stay in the caches), the rules
+        last, in step order."""
         for step, wall, values in items:
             self.series.add(step, wall, values)
         for step, wall, values in items:
