@@ -1,10 +1,11 @@
 """``mon.callback()``: a real ``mindspore.train.Callback`` for ``Model.train``.
 
 Loss comes from ``net_outputs`` (the first element when the train cell returns a tuple),
-the learning rate from the optimizer tap, which stores the ``get_lr()`` the update used
-inside the graph (without taps: ``optimizer.get_lr()`` read when a collected step begins,
-before the update moves ``global_step``; a read of our own cost 20-30 us a step), the
-batch size from the dataset. Steps are numbered
+the learning rate from the optimizer tap, which keeps what the update's own ``get_lr()``
+returned inside the graph (we never call it: ``collect.graph``); where no ``get_lr()``
+ran (an update skipped for an overflow, an optimizer without one) it is read from the
+optimizer's Parameters (``collect.values.read_lr``), the batch size from the dataset.
+Steps are numbered
 as MindSpore numbers them (``cur_step_num``, from 1), so our records line up with
 ``LossMonitor`` output and ``SummaryCollector`` files. MindSpore restarts that count at
 1 on every ``Model.train``/``fit`` call; a later call under the same monitor ("train a
@@ -31,21 +32,25 @@ those taps instead of making its own (each compile of the bench MLP's train grap
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
-from msmon_nb.collect.gradsource import PER_MICRO_CLIP, resolve, scaling_artifact
+from msmon_nb.collect.gradsource import resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps
 from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.recorder import StepInputs
+from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
-from msmon_nb.collect.values import cell_loss_scale, read_lr
+from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr
 from msmon_nb.config import suggest_tag
 
 if TYPE_CHECKING:
     from msmon_nb.collect.recorder import Recorder
+
+log = logging.getLogger(__name__)
 
 
 class MonitorCallback(Callback):
@@ -59,7 +64,11 @@ class MonitorCallback(Callback):
         # what this callback learnt reading the taps (they may be another callback's)
         self._reading: Reading | None = None
         self._scale: float | None = None
-        self._collected: int | None = None  # the last collected step
+        # steps this callback saw (its own count: a monitor's step numbers also move for
+        # other callbacks of the same monitor, on other models), and at its last
+        # collected one: what ran through its taps in between
+        self._seen = 0
+        self._collected: int | None = None
         self.optimizer: Any = None
         self.batch_size: int | None = None
         self._collect = False
@@ -71,6 +80,7 @@ class MonitorCallback(Callback):
         # whether the train cell has a loss scale of its own to read (an attribute of
         # its class: looked up once per Model.train call, not at every step)
         self._scaled = False
+        self._compile_first = False  # the train cell's graph was dropped for our taps
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -93,9 +103,13 @@ class MonitorCallback(Callback):
         self._t_end = None
 
     def on_train_step_begin(self, run_context: Any) -> None:
+        if self._compile_first:
+            self._compile_first = False
+            self._compile_with_taps(run_context.original_args())
         self._t_begin = time.perf_counter()
         mon = self.monitor
         step = self._offset + int(run_context.original_args().cur_step_num)
+        self._seen += 1
         mon.step_count = step
         self._collect = mon.will_collect(step)
         tap = self.tap
@@ -103,17 +117,14 @@ class MonitorCallback(Callback):
             mon.guard("switching the grad_norm tap", tap.set_collect, self._collect)
             if self._collect:
                 last = self._collected
-                between = step - last - 1 if last is not None else 0
-                self._collected = step
+                between = self._seen - last - 1 if last is not None else 0
+                self._collected = self._seen
                 mon.guard("reading the taps", tap.begin, between)
         self._lr = None
         self._scale = None
         if self._collect:
-            if (
-                self.optimizer is not None
-                and mon.config.tracks("learning_rate")
-                and not self._tap_reads_lr()
-            ):
+            if self._wants_lr() and (self.tap is None or not lr_in_graph(self.optimizer)):
+                # before the update moves global_step (or a callback changes the lr)
                 self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
             if self._scaled:
                 self._scale = mon.guard("reading the loss scale", cell_loss_scale, self.network)
@@ -127,15 +138,13 @@ class MonitorCallback(Callback):
             mon.add_timing(waited, now - self._t_begin)
         collect = self._collect
         grad_norm, extra = None, None
-        if collect and self._tap_reads_lr():
+        if collect and self.tap is not None:
             got = mon.guard("reading the grad_norm taps", self._grads)
             if got is not None:
                 grad_norm, extra = got
-            if (
-                self._lr is None
-                and self.optimizer is not None
-                and mon.config.tracks("learning_rate")
-            ):  # the optimizer did not run this step (an overflow): global_step stayed
+            if self._lr is None and self._wants_lr():
+                # no get_lr() ran this step (an overflow skipped the update, so
+                # global_step stayed; or the optimizer has none): from its Parameters
                 self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
         loss = cb.net_outputs if collect else None
         if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
@@ -175,10 +184,8 @@ class MonitorCallback(Callback):
         self.release()
         self.monitor.guard("flushing", self.monitor.flush)
 
-    def _tap_reads_lr(self) -> bool:
-        """Whether this collected step's taps are read at its end, which gives the lr the
-        optimizer used (its ``get_lr()`` inside the graph) without a read of our own."""
-        return self.tap is not None and self.monitor.config.tracks("grad_norm")
+    def _wants_lr(self) -> bool:
+        return self.optimizer is not None and self.monitor.config.tracks("learning_rate")
 
     def _grads(self) -> tuple[float | None, dict[str, float]]:
         """grad_norm and the other gradient tags of the collected step that just ended;
@@ -186,11 +193,13 @@ class MonitorCallback(Callback):
         seen, lr = self.tap.end()
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
+        if not self.monitor.config.tracks("grad_norm"):
+            return None, {}
         if seen.loss_scale is None:
             seen.loss_scale = self._scale
         got = resolve(seen, clip_per_micro=self.tap.pattern.per_micro_clip)
-        if got.note == PER_MICRO_CLIP:
-            self.monitor.warn_once("per-micro clip", PER_MICRO_CLIP)
+        if got.note is not None:
+            self.monitor.warn_once(got.note, got.note)
         return got.grad_norm, got.values
 
     def _install_taps(self, network: Any) -> None:
@@ -204,7 +213,8 @@ class MonitorCallback(Callback):
         if network is None:
             return
         gate = mon.skip_gate()
-        wants = mon.config.tracks("grad_norm") or gate is not None
+        tracks = mon.config.tracks
+        wants = tracks("grad_norm") or tracks("learning_rate") or gate is not None
         if not wants:
             return
         own_gate = gate if gate is not None and gate.active == 0 else None
@@ -235,10 +245,36 @@ class MonitorCallback(Callback):
             self.tap = None
             return
         if compiled is not self.tap:
-            cache = getattr(network, "compile_cache", None)
-            if isinstance(cache, set):
-                cache.clear()
+            drop_compiled([network])
             network._msmon_taps = self.tap
+            self._compile_first = True
+
+    def _compile_with_taps(self, cb: Any) -> None:
+        """Compile the train cell with our taps before its first step, on that step's
+        inputs (``train_dataset_element``): ``Model.train`` then finds it compiled. If
+        it fails compiling a tap of ours, the taps come off and it compiles without them
+        (``collect.tapguard``); training goes on, unmonitored in the graph. Any other
+        compile error is the user's own: ``Model.train`` meets it itself."""
+        import mindspore as ms
+
+        network, tap, mon = self.network, self.tap, self.monitor
+        inputs = cb.get("train_dataset_element")
+        if tap is None or not isinstance(inputs, list | tuple) or cb.get("dataset_sink_mode"):
+            return
+        if ms.get_context("mode") != ms.GRAPH_MODE:
+            return
+
+        def warn(message: str) -> None:
+            self.tap = None
+            network._msmon_taps = None
+            mon.warn_once("tap failed", message)
+
+        try:
+            run_unwrapped_on_failure(
+                lambda: network.compile(*inputs), tap, [network], warn, "train cell"
+            )
+        except Exception:  # the user's own: their Model.train meets it and raises it
+            log.debug("msmon: the train cell did not compile", exc_info=True)
 
     def _gate_loss(self, network: Any) -> None:
         """With ``action: skip`` on the loss: a LossTap on the train cell's network, so
@@ -260,9 +296,7 @@ class MonitorCallback(Callback):
                     "(grad_explosion and nonfinite on grad_norm still do)",
                 )
             return
-        cache = getattr(network, "compile_cache", None)
-        if isinstance(cache, set):
-            cache.clear()
+        drop_compiled([network])
 
     def release(self) -> None:
         """Undo what ``on_train_begin`` wrapped: the user's classes come back (also when
@@ -278,6 +312,4 @@ class MonitorCallback(Callback):
         cell, self._loss_cell = self._loss_cell, None
         if cell is not None:
             mon.guard("removing the loss tap", remove_loss_tap, cell)
-            cache = getattr(cell, "compile_cache", None)
-            if isinstance(cache, set):  # its graph held the loss tap
-                cache.clear()
+            drop_compiled([cell])  # its graph held the loss tap

@@ -33,6 +33,20 @@ MICRO = "train/micro_grad_norm"
 LOSS_SCALE = "train/loss_scale"
 OVERFLOW = "train/overflow"
 
+SPARSE = (
+    "the optimizer receives sparse gradients (a RowTensor, e.g. from "
+    "nn.EmbeddingLookup(sparse=True)): they pass to it untouched and their norm is not "
+    "measured, so train/grad_norm is not recorded for this step; "
+    "return it from your step (mm.global_norm of dense gradients) or use mon.step(grad_norm=...)"
+)
+
+MICRO_UNSEEN = (
+    "this train cell accumulates micro-batch gradients inside its graph (its optimizer "
+    "runs every few steps) and no micro-batch's gradient leaves the graph: "
+    "train/micro_grad_norm is not recorded; train/grad_norm is the accumulated gradient's "
+    "norm on the steps that apply it"
+)
+
 PER_MICRO_CLIP = (
     "this step clips each micro-batch's gradients before accumulating them, so the "
     "accumulated gradient before clipping never exists: train/grad_norm is not recorded; "
@@ -55,6 +69,7 @@ class GradSeen:
     accumulating: bool = False  # the optimizer got a gradient summed over micro-batches
     overflow: bool | None = None  # None: no overflow check ran this step
     loss_scale: float | None = None
+    sparse: bool = False  # the optimizer got sparse gradients, passed on unmeasured
 
 
 @dataclass(frozen=True)
@@ -89,14 +104,16 @@ def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
     if seen.accumulating or len(seen.micro) > 1:
         if seen.produced is not None and MICRO not in values:
             values[MICRO] = seen.produced
+        # only the graph's accumulated gradient was seen: say why no micro-batch norm
+        unseen = None if MICRO in values or seen.produced_later else MICRO_UNSEEN
         if seen.optimizer_ran:  # the accumulated gradient, on the step that applies it
-            return Resolved(seen.received, values, source="received")
-        return Resolved(None, values)
+            return Resolved(seen.received, values, unseen, source="received")
+        return Resolved(None, values, unseen)
     if seen.produced is not None or seen.produced_later:
         return Resolved(seen.produced, values, source="produced")
     if seen.optimizer_ran:
         return Resolved(seen.received, values, source="received")
-    return Resolved(None, values)
+    return Resolved(None, values, SPARSE if seen.sparse else None)
 
 
 def scaling_artifact(values: dict[str, float], loss: Any) -> bool:

@@ -15,9 +15,11 @@ them (a ``Model.train`` cell, a ``@ms.jit`` step) and also run when PyNative cal
   ``ClipGradNorm``...) and ``ops.clip_by_norm`` (its ``_cal_total_norm``): the sum of
   squares of what came *in*, i.e. the norm before clipping, and the number of calls;
 * loss scaling: ``TrainOneStepWithLossScaleCell.process_loss_scale(overflow)`` (MindSpore's
-  own cell and every subclass that calls it) and ``mindspore.amp``'s ``_grad_unscale_map``
-  and ``_all_finite`` (behind ``StaticLossScaler``/``DynamicLossScaler.unscale`` and
-  ``amp.all_finite``): the scale in force and whether the gradients overflowed.
+  own cell and every subclass that calls it), ``nn.DynamicLossScaleUpdateCell`` (which
+  a train cell of the user's calls with its own overflow check) and ``mindspore.amp``'s
+  ``_grad_unscale_map`` and ``_all_finite`` (behind ``StaticLossScaler``/
+  ``DynamicLossScaler.unscale`` and ``amp.all_finite``): the scale in force and whether
+  the gradients overflowed.
 
 Call counters and the loss scale are written on every call; the norms (the costly part)
 only while ``on`` is 1 (collected steps), and the host zeroes the clip sum after reading
@@ -101,6 +103,7 @@ class GraphTaps:
         plan += [
             (clip, "_cal_total_norm", self._clip_total),
             (getattr(nn, "TrainOneStepWithLossScaleCell", None), "process_loss_scale", self._ls),
+            (getattr(nn, "DynamicLossScaleUpdateCell", None), "construct", self._ls_update),
             (amp, "_grad_unscale_map", self._unscale),
             (amp, "_all_finite", self._all_finite),
         ]
@@ -206,6 +209,21 @@ class GraphTaps:
             return getattr(self, attr)(ops.depend(overflow, ops.depend(mark, used)))
 
         return process_loss_scale
+
+    def _ls_update(self, original: Any) -> Any:
+        scale, scales = self.scale, self.scales
+        attr = self._attr("construct")
+
+        # the scale in force, before the update cell moves it (a train cell of the user's
+        # calls it with its own overflow check; overflows are counted where they are
+        # checked, ``_all_finite``/``_ls``). ``loss_scale`` is passed on as the Parameter
+        # itself: the original assigns the new scale into it
+        def construct(self, loss_scale, overflow):
+            used = ops.assign(scale, ops.cast(ops.reshape(loss_scale, ()), ms.float32))
+            used = ops.depend(used, ops.assign_add(scales, _ONE))
+            return getattr(self, attr)(loss_scale, ops.depend(overflow, used))
+
+        return construct
 
     def _unscale(self, original: Any) -> Any:
         scale, scales = self.scale, self.scales
@@ -382,6 +400,8 @@ class StepTaps:
             gap = now - reading.last
             reading.pattern.update(steps_between, gap.clips, gap.optimizer, gap.overflows)
         reading.begun = now
+        if self.optimizer.installed:
+            self.optimizer.arm_lr()
 
     def end(self, python_optimizer_calls: int = 0) -> tuple[GradSeen, float | None]:
         """After a collected step; ``python_optimizer_calls``: optimizer calls the watch
@@ -393,9 +413,12 @@ class StepTaps:
         calls = step.optimizer + python_optimizer_calls
         reading.pattern.update(1, step.clips, calls, step.overflows)
         seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=reading.pattern.accumulating)
-        lr = None
+        if step.optimizer == 0 and self.optimizer.installed:
+            # (read only then: a model's sparse gradients are sparse at every step)
+            seen.sparse = self.optimizer.read_sparse() > 0
         if seen.optimizer_ran:
-            _, seen.received, lr = self.optimizer.read()
+            _, seen.received = self.optimizer.read()
+        lr = self.optimizer.read_lr()
         if step.clips > 0:
             seen.clip_input = self.graph.clip_norm()
         if step.checks > 0:

@@ -3,9 +3,16 @@
 Gradients inside a compiled step (``Model.train``'s train cell, a ``@ms.jit`` step)
 never reach Python, so ``OptimizerTap`` wraps every optimizer class's ``construct``
 with a wrapper MindSpore compiles into those graphs: it stores the global norm of the
-gradients the optimizer receives (its own ``loss_scale`` undone) and the lr in
-non-trainable Parameters read on collected steps. Where the gradient is clipped or
-loss-scaled before it reaches the optimizer, ``collect.gradtaps`` sees it there.
+gradients the optimizer receives (its own ``loss_scale`` undone) in a non-trainable
+Parameter read on collected steps. Where the gradient is clipped or loss-scaled before
+it reaches the optimizer, ``collect.gradtaps`` sees it there.
+
+The lr is never asked for: ``get_lr()`` can move state (MindCV's AdamW, Lion, NAdam and
+Adan advance ``global_step`` inside it; a second call ran their schedule at double pace
+and crashed at its end), and a schedule cell is the user's code. Instead every class's
+own ``get_lr`` is wrapped too: the wrapper calls the original exactly once per call the
+optimizer makes, and keeps the first value of a collected step -- the lr the update
+used, as the optimizer's own graph computed it. Nothing of ours calls user code.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from msmon_nb.collect.hooks import optimizer_bases
+
 
 def global_norm(grads: Any) -> Tensor:
     """sqrt(sum ||g||^2) over a tuple of gradients; works in PyNative and inside jit.
@@ -25,6 +34,40 @@ def global_norm(grads: Any) -> Tensor:
     ``mon.watch()`` records it as grad_norm.
     """
     return ops.sqrt(ops.addn([square_sum(g) for g in grads]))
+
+
+def all_dense(values: Any) -> bool:
+    """Whether every gradient is a dense Tensor; constant where a graph compiles it.
+
+    A sparse gradient (a ``RowTensor`` from ``nn.EmbeddingLookup(sparse=True)`` for
+    ``LazyAdam``, ``FTRL``, ``ProximalAdagrad``) is passed on to the optimizer untouched,
+    with no norm and no ``depend`` around it: seen on 2.10, ``ops.depend`` over a tuple
+    holding a RowTensor made its type "Undetermined" and LazyAdam's graph failed to
+    compile. (Its norm is not the norm of its values where indices repeat.)
+    """
+    for value in values:  # noqa: SIM110 -- graph syntax: no generator expressions
+        if not _dense(value):
+            return False
+    return True
+
+
+# dispatched on the value's type as MindSpore's optimizers dispatch theirs (an
+# ``isinstance`` of RowTensor does not compile; one of Tensor held for an undetermined
+# sparse gradient)
+_dense = ops.MultitypeFuncGraph("msmon_dense")
+
+
+@_dense.register("Tensor")
+def _dense_tensor(value):
+    return True
+
+
+def _sparse(value):
+    return False
+
+
+for _kind in ("RowTensor", "COOTensor", "CSRTensor"):
+    _dense.register(_kind)(_sparse)
 
 
 def square_sum(g: Tensor) -> Tensor:
@@ -63,13 +106,17 @@ def square_sum(g: Tensor) -> Tensor:
     return ops.reduce_sum(sq)
 
 
-def _optimizer_classes() -> list[type]:
-    """``nn.Optimizer`` and every subclass defined so far that has its own ``construct``."""
-    out, stack = [], [nn.Optimizer]
+def _optimizer_classes(method: str) -> list[type]:
+    """The optimizer bases (``hooks.optimizer_bases``) and every subclass defined so far
+    that defines ``method`` itself."""
+    out, stack, seen = [], list(optimizer_bases()), set()
     while stack:
         cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
         stack.extend(cls.__subclasses__())
-        if "construct" in vars(cls):
+        if method in vars(cls):
             out.append(cls)
     return out
 
@@ -79,13 +126,15 @@ class OptimizerTap:
     also inside compiled graphs (a ``@ms.jit`` step holding the optimizer call).
 
     ``install()`` replaces ``construct`` on each optimizer class (so optimizers created
-    earlier see it) with a wrapper that assigns ``sqrt(sum ||g||^2)``, ``get_lr()`` and a
-    call counter to three non-trainable Parameters, then runs the original update on the
-    same gradients. MindSpore compiles the wrapper into any graph that calls the
-    optimizer. Functions compiled before keep their graphs: ``install`` removes their
+    earlier see it) with a wrapper that assigns ``sqrt(sum ||g||^2)`` and a call counter
+    to non-trainable Parameters, then runs the original update on the same gradients;
+    and ``get_lr`` on each class that defines one with a wrapper that passes the
+    original's value through, keeping the first one after ``arm_lr()`` (``_lr_tapped``).
+    MindSpore compiles the wrappers into any graph that calls the optimizer. Functions
+    compiled before keep their graphs: ``install`` removes their
     phases from the compile cache so that their next call compiles again, and
     ``uninstall`` does the same so that nothing of ours stays in the user's graphs.
-    ``read()`` copies three scalars to the host.
+    ``read()`` copies two scalars to the host, ``read_lr()`` one or two.
     """
 
     def __init__(self, cache: set | None, gate: Any = None) -> None:
@@ -94,15 +143,18 @@ class OptimizerTap:
         self.norm = tap_scalar("msmon_tap_grad_norm", 0.0, ms.float32)
         self.lr = tap_scalar("msmon_tap_lr", 0.0, ms.float32)
         self.count = tap_scalar("msmon_tap_count", 0, ms.int32)
+        self.sparse = tap_scalar("msmon_tap_sparse", 0, ms.int32)  # calls with sparse grads
         # norm and lr are computed only while ``on`` is 1 (collected steps; the skip
         # gate needs the norm on every step, so a gated wrapper always computes it);
         # ``count`` moves on every call
         self.on = tap_scalar("msmon_tap_on", 0, ms.int32)
         self._on = [False]
-        self._saved: list[tuple[type, Any]] = []
-        # where each class's original construct is kept while wrapped: one name per tap,
-        # so two taps stacked on a class (a watch and a Model.train callback) unwind
-        self._attr = f"_msmon_original_construct_{id(self):x}"
+        # 1 from a collected step's begin until the first get_lr() call after it stores
+        # the lr and writes 0: that call is the step's (the optimizer's own, or MindCV's
+        # accumulation step moving the schedule), a later one (a user's logging call) is not
+        self.lr_armed = tap_scalar("msmon_tap_lr_armed", 0, ms.int32)
+        self._armed = False
+        self._saved: list[tuple[type, str, Any]] = []
         # read by the wrapper: constant (False) where a graph compiles it; True while a
         # PyNative optimizer call runs it in Python, where the watch already sees the
         # gradients and the lr, and the norm would cost one op launch per gradient
@@ -112,13 +164,25 @@ class OptimizerTap:
     def installed(self) -> bool:
         return bool(self._saved)
 
+    def _attr(self, name: str) -> str:
+        """Where a class's original ``name`` is kept while wrapped: one name per tap, so
+        two taps stacked on a class (a watch and a Model.train callback) unwind."""
+        return f"_msmon_original_{name}_{id(self):x}"
+
     def install(self) -> None:
-        for cls in _optimizer_classes():
+        for cls in _optimizer_classes("get_lr"):
+            original = vars(cls)["get_lr"]
+            if _positional(original) == 1:
+                self._saved.append((cls, "get_lr", original))
+                setattr(cls, self._attr("get_lr"), original)
+                cls.get_lr = _lr_tapped(self._attr("get_lr"), self)
+        for cls in _optimizer_classes("construct"):
             original = vars(cls)["construct"]
             if _takes_gradients_only(original):
-                self._saved.append((cls, original))
-                setattr(cls, self._attr, original)
-                wrapper = _tapped(self._attr, self, self.gate)
+                self._saved.append((cls, "construct", original))
+                setattr(cls, self._attr("construct"), original)
+                scaled = issubclass(cls, nn.Optimizer)  # has loss_scale, need_scale
+                wrapper = _tapped(self._attr("construct"), self, self.gate, scaled)
                 if self.gate is not None:
                     # PyNative calls run it as one compiled graph, like the original
                     # (jit-decorated) construct, not op by op (about 3x the step time of
@@ -134,10 +198,10 @@ class OptimizerTap:
     def uninstall(self) -> None:
         if not self._saved:
             return
-        for cls, original in reversed(self._saved):
-            cls.construct = original
-            if self._attr in vars(cls):
-                delattr(cls, self._attr)
+        for cls, name, original in reversed(self._saved):
+            setattr(cls, name, original)
+            if self._attr(name) in vars(cls):
+                delattr(cls, self._attr(name))
         self._saved.clear()
         if self.gate is not None:
             self.gate.active -= 1
@@ -160,10 +224,32 @@ class OptimizerTap:
     def read_count(self) -> int:
         return int(self.count.item())
 
-    def read(self) -> tuple[int, float, float]:
+    def read_sparse(self) -> int:
+        """Calls so far whose gradients were sparse (``all_dense``): not measured."""
+        return int(self.sparse.item())
+
+    def read(self) -> tuple[int, float]:
         """(calls so far, the last collected call's gradient norm with the optimizer's
-        own ``loss_scale`` undone, and its lr)."""
-        return self.read_count(), float(self.norm.item()), float(self.lr.item())
+        own ``loss_scale`` undone)."""
+        return self.read_count(), float(self.norm.item())
+
+    def arm_lr(self) -> None:
+        """Keep the lr of the next ``get_lr()`` call (a collected step begins). A 4-byte
+        write, only when the last armed call happened (else it is still armed)."""
+        if not self._armed:
+            write_scalar(self.lr_armed, 1)
+            self._armed = True
+
+    def read_lr(self) -> float | None:
+        """The lr the first ``get_lr()`` since ``arm_lr()`` returned; None when no
+        ``get_lr()`` ran since (an update skipped for an overflow, an optimizer that
+        computes its lr without ``get_lr``)."""
+        if not self._armed:
+            return None
+        if int(self.lr_armed.item()) != 0:
+            return None
+        self._armed = False
+        return float(self.lr.item())
 
 
 _SERIAL = itertools.count()
@@ -185,17 +271,25 @@ def write_scalar(param: Parameter, value: int | float) -> None:
     around every 10th step cost 0.3 ms a step, more than the collected steps' reads).
     ``set_data`` is cheap but swaps the buffer, which a ``@ms.jit`` graph compiled
     earlier never sees again. On CPU the Parameter's buffer is host memory and
-    ``asnumpy()`` returns a view of it, so writing the view is the same in-place write
-    for 5-50 us; ``probe_host_writes`` proves that once per process (a compiled graph
-    reads back what the view wrote) and until it has, this stays ``ops.assign``.
+    ``asnumpy()`` returns a view of it, so writing the view is the same in-place write;
+    ``probe_host_writes`` proves that once per process (a compiled graph reads back what
+    the view wrote) and until it has, this stays ``ops.assign``. The view is taken once
+    per Parameter and kept: ``asnumpy()`` itself cost 70-80 us a call between
+    ``Model.train`` steps (the bench MLP on 2.10; 7 us alone), a write through the kept
+    view 0.2 us. Only our own tap Parameters come here, and nothing gives them a new
+    buffer (no ``set_data``), so the view stays theirs.
     """
     if _HOST_WRITES == [True]:
-        param.asnumpy()[...] = value
+        kept = _VIEWS.get(id(param))
+        if kept is None or kept[0] is not param:  # (keyed by id: == on a Tensor is an op)
+            kept = _VIEWS[id(param)] = (param, param.asnumpy())
+        kept[1][...] = value
     else:
         ops.assign(param, Tensor(value, param.dtype))
 
 
 _HOST_WRITES: list[bool] = []
+_VIEWS: dict[int, tuple[Parameter, Any]] = {}  # id -> (our tap Parameter, its host view)
 
 
 def probe_host_writes() -> bool:
@@ -228,11 +322,18 @@ def probe_host_writes() -> bool:
 
 
 def _takes_gradients_only(construct: Any) -> bool:
+    return _positional(construct) == 2
+
+
+def _positional(function: Any) -> int:
+    """How many parameters ``function`` has, all positional-or-keyword; -1 otherwise."""
     try:
-        params = list(inspect.signature(construct).parameters.values())
+        params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return len(params) == 2 and all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        return -1
+    if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+        return len(params)
+    return -1
 
 
 class TapMode:
@@ -249,7 +350,7 @@ _GRAD = Tensor(2, ms.int32)
 _LOSS = Tensor(3, ms.int32)
 
 
-def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
+def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True) -> Any:
     """The wrapper put in place of an optimizer class's ``construct``.
 
     The original is called as a method (``getattr(self, attr)``), never as
@@ -261,6 +362,8 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
     The stored norm is of the gradients divided by the optimizer's ``loss_scale``
     (``FixedLossScaleManager(drop_overflow_update=False)`` hands the optimizer gradients
     scaled by it, and the optimizer divides them itself): the gradient it applies.
+    ``scaled``: the class has that ``loss_scale`` (``nn.Optimizer``'s; the experimental
+    API's optimizers have none).
 
     With a ``gate`` (``collect.skip.SkipGate``) the update is conditional: it runs when
     the gradients' global norm is below the gate's limit and the step's loss (when a
@@ -271,7 +374,7 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
     decision itself needs no host round trip. It then returns a bool tensor (True when
     the update ran) instead of the original's result.
     """
-    norm, lr_store, count, on, mode = tap.norm, tap.lr, tap.count, tap.on, tap.mode
+    norm, count, on, mode, sparse = tap.norm, tap.count, tap.on, tap.mode, tap.sparse
     gated = gate is not None
     if gated:
         limit, loss_limit, loss, fresh = gate.limit, gate.loss_limit, gate.loss, gate.fresh
@@ -287,33 +390,30 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
     def construct(self, gradients):
         if mode.python and not gated:
             return getattr(self, attr)(gradients)
+        if not all_dense(gradients):  # decided at compile time: see all_dense
+            done = getattr(self, attr)(gradients)
+            return ops.depend(done, ops.assign_add(sparse, _ONE))
         called = ops.assign_add(count, _ONE)
-        gradients = ops.depend(gradients, called)
         if not gated:
-            # the branch yields a scalar the gradients then depend on: a branch yielding the
-            # gradients themselves can change how MindSpore fuses the update (float16
-            # bits), and one whose result is unused was dropped (AdamWeightDecay, 2.10)
+            # the branch yields a scalar the update's result then depends on: a branch
+            # yielding the gradients themselves can change how MindSpore fuses the update
+            # (float16 bits), one whose result is unused was dropped (AdamWeightDecay,
+            # 2.10), and a ``depend`` over the gradients turned a sparse one's type
+            # "Undetermined" (LazyAdam's graph then failed to compile)
             if on > 0:
                 total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
-                if self.need_scale:
+                if scaled and self.need_scale:
                     total = total * self.reciprocal_scale
-                lr = self.get_lr()
-                if self.is_group_lr:
-                    lr = lr[0]
                 token = ops.depend(_ONE, ops.assign(norm, total))
-                token = ops.depend(token, ops.assign(lr_store, ops.cast(lr, ms.float32)))
             else:
                 token = _ZERO
-            return getattr(self, attr)(ops.depend(gradients, token))
+            done = getattr(self, attr)(gradients)
+            return ops.depend(done, ops.depend(token, called))
+        gradients = ops.depend(gradients, called)
         total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
-        if self.need_scale:
+        if scaled and self.need_scale:
             total = total * self.reciprocal_scale
-        lr = self.get_lr()
-        if self.is_group_lr:
-            lr = lr[0]
-        stored = ops.assign(norm, total)
-        stored = ops.depend(stored, ops.assign(lr_store, ops.cast(lr, ms.float32)))
-        gradients = ops.depend(gradients, stored)
+        gradients = ops.depend(gradients, ops.assign(norm, total))
         has_loss = fresh > _ZERO
         finite = ops.logical_and(
             ops.isfinite(total), ops.logical_or(ops.logical_not(has_loss), ops.isfinite(loss))
@@ -338,3 +438,29 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None) -> Any:
         return ops.depend(done, ops.assign(fresh, _ZERO))
 
     return construct
+
+
+def _lr_tapped(attr: str, tap: OptimizerTap) -> Any:
+    """The wrapper put in place of an optimizer class's ``get_lr``: the original runs
+    once per call, as without us, and while ``lr_armed`` is 1 in a collected step (``on``)
+    its value (the first group's, for group lrs) is stored and ``lr_armed`` set to 0 (an
+    armed step without a ``get_lr()`` call, e.g. an overflow, leaves it armed for the
+    next collected one; uncollected steps never store). No branch stands
+    between the original's value and the caller: the store yields a token the value
+    depends on (see ``_tapped`` on why). Called as a bound method, like ``_tapped``."""
+    store, armed, on = tap.lr, tap.lr_armed, tap.on
+
+    # plain graph syntax: MindSpore parses it inside the optimizer's graph
+    def get_lr(self):
+        lr = getattr(self, attr)()
+        if armed * on > 0:
+            first = lr[0] if self.is_group_lr else lr
+            token = ops.assign(store, ops.cast(ops.reshape(first, ()), ms.float32))
+            token = ops.depend(_ONE, ops.depend(token, ops.assign(armed, _ZERO)))
+        else:
+            token = _ZERO
+        if self.is_group_lr:
+            return (ops.depend(lr[0], token),) + lr[1:]  # noqa: RUF005 -- graph syntax
+        return ops.depend(lr, token)
+
+    return get_lr

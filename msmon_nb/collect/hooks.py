@@ -180,12 +180,33 @@ def _compile_cache() -> WayIn:
     return WayIn("compile_cache", observes, (Target(api, "ms_compile_cache", tried[0]),), tried)
 
 
+def optimizer_bases() -> tuple[type, ...]:
+    """The optimizer base classes of this MindSpore: ``nn.Optimizer``, and the
+    ``mindspore.experimental.optim.Optimizer`` that ``mint.optim`` builds on (not a
+    subclass of it: its lr is a Parameter per group, ``lrs``), where present."""
+    from mindspore import nn
+
+    experimental = _module("mindspore.experimental.optim")
+    other = getattr(experimental, "Optimizer", None)
+    return (nn.Optimizer,) if not isinstance(other, type) else (nn.Optimizer, other)
+
+
+def is_optimizer(obj: Any) -> bool:
+    return isinstance(obj, optimizer_bases())
+
+
 def _classes() -> list[WayIn]:
     from mindspore import nn
 
     out = []
+    calls = [
+        _target(base, "__call__", f"{base.__module__}.{base.__name__}.__call__")
+        for base in optimizer_bases()
+    ]
+    optimizer = tuple(t for t in calls if t is not None)
+    paths = tuple(f"{b.__module__}.{b.__name__}.__call__" for b in optimizer_bases())
+    out.append(WayIn("optimizer", "optimizer calls (step ends, learning rate)", optimizer, paths))
     for name, cls, observes in (
-        ("optimizer", "Optimizer", "optimizer calls (step ends, learning rate)"),
         ("cell", "Cell", "train cells called by hand (TrainOneStepCell, your own Cell)"),
         ("reducer", "DistributedGradReducer", "all-reduced gradients in data parallel"),
     ):

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msmon_nb.collect.active import quiet
+from msmon_nb.collect.hooks import is_optimizer
 from msmon_nb.collect.tensors import to_float, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.norms import norms
@@ -209,21 +210,23 @@ def missing_optimizer_message() -> str:
 
 
 def find_optimizer(owner: Any) -> Any:
-    """The ``nn.Optimizer`` a step's top-level object uses, or None.
+    """The optimizer (``collect.hooks.optimizer_bases``) a step's top-level object uses,
+    or None.
 
     ``owner`` is what the watch saw start the step: a train cell (searched for an
     optimizer sub-cell), or a jit executor (its bound Cell, else the objects its
-    function refers to by closure or global name, one level deep). Called on collected
+    function refers to by closure or global name, and those of the functions it refers
+    to, three levels deep). Called on collected
     steps only, when the optimizer itself was not called from Python.
     """
     from mindspore import nn
 
     def in_cell(cell: Any) -> Any:
-        if isinstance(cell, nn.Optimizer):
+        if is_optimizer(cell):
             return cell
         if isinstance(cell, nn.Cell):
             for _, sub in cell.cells_and_names():
-                if isinstance(sub, nn.Optimizer):
+                if is_optimizer(sub):
                     return sub
         return None
 
@@ -233,16 +236,27 @@ def find_optimizer(owner: Any) -> Any:
     found = in_cell(getattr(owner, "obj", None))
     if found is not None:
         return found
-    fn = getattr(owner, "fn", None)
+    return _referred(getattr(owner, "fn", None), in_cell, depth=3, seen=set())
+
+
+def _referred(fn: Any, test: Callable[[Any], Any], depth: int, seen: set[int]) -> Any:
+    """The first object ``test`` accepts among those ``fn`` refers to by closure or
+    global name, and (``depth`` levels down) those the functions among them refer to:
+    a step that calls a helper holding the optimizer (``apply(loss, grads)``)."""
     fn = getattr(fn, "__wrapped__", fn)
     code = getattr(fn, "__code__", None)
-    if code is None:
+    if code is None or depth == 0 or id(fn) in seen:
         return None
+    seen.add(id(fn))
     candidates = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
     globals_ = getattr(fn, "__globals__", {})
     candidates += [globals_[n] for n in code.co_names if n in globals_]
     for obj in candidates:
-        found = in_cell(obj)
+        found = test(obj)
+        if found is not None:
+            return found
+    for obj in candidates:
+        found = _referred(obj, test, depth - 1, seen)
         if found is not None:
             return found
     return None

@@ -23,48 +23,83 @@ if TYPE_CHECKING:
 
 
 def read_lr(optimizer: Any) -> float | None:
-    """The optimizer's learning rate for its current step (first group when grouped)."""
-    listed = _listed_lr(optimizer)
-    if listed is not _NOT_LISTED:
-        return listed
-    get_lr = getattr(optimizer, "get_lr", None)
-    if get_lr is None:
+    """The optimizer's learning rate for its current step (first group when grouped),
+    read from its Parameters alone: None where only running its code would tell.
+
+    Never calls ``get_lr()`` or a schedule cell: ``get_lr()`` can move state (MindCV's
+    AdamW, Lion, NAdam and Adan advance ``global_step`` in it) and a schedule is the
+    user's code (docs/ARCHITECTURE.md, "Monitoring never touches training"). What is
+    read: an lr Parameter (a float
+    lr, a group's, one the user sets by hand; ``mindspore.experimental.optim``'s
+    ``lrs``), or a list schedule looked up at ``global_step`` (``_listed_lr``). Any
+    other form (a ``LearningRateSchedule``) is read where the optimizer computes it, by
+    the optimizer tap (``collect.graph``); ``lr_on_host`` tells the two apart.
+    """
+    if not lr_on_host(optimizer):
         return None
-    return to_float(get_lr())
+    first = _first_lr(optimizer)
+    if getattr(optimizer, "dynamic_lr", False):
+        return _listed_lr(optimizer, first)
+    return to_float(first)
+
+
+def lr_in_graph(optimizer: Any) -> bool:
+    """Whether the optimizer tap sees this optimizer's lr: its class computes it with a
+    ``get_lr()`` (``nn.Optimizer``'s, a suite's), which the tap wraps. The experimental
+    API's optimizers read per-group lr Parameters in their update instead: only the host
+    reads those (``read_lr``)."""
+    return callable(getattr(type(optimizer), "get_lr", None))
+
+
+def lr_on_host(optimizer: Any) -> bool:
+    """Whether ``read_lr`` can read this optimizer's lr (an lr Parameter or a list
+    schedule), rather than only its own ``get_lr()`` inside its update."""
+    first = _first_lr(optimizer)
+    if first is None:
+        return False
+    if getattr(optimizer, "dynamic_lr", False):
+        return type(first).__name__ == "_IteratorLearningRate" and hasattr(first, "learning_rate")
+    return hasattr(first, "asnumpy") and int(getattr(first, "size", 0) or 0) == 1
+
+
+def _first_lr(optimizer: Any) -> Any:
+    """The first group's lr as the optimizer holds it: a Parameter or a schedule cell."""
+    lrs = getattr(optimizer, "lrs", None)  # mindspore.experimental.optim, mint.optim
+    if isinstance(lrs, list | tuple) and lrs:
+        return lrs[0]
+    lr = getattr(optimizer, "learning_rate", None)
+    if getattr(optimizer, "is_group_lr", False):
+        try:
+            return lr[0]
+        except (TypeError, IndexError):
+            return None
+    return lr
 
 
 # schedule Parameter -> its values on the host, for the list schedules _listed_lr reads
 _SCHEDULES: dict[int, tuple[Any, Any]] = {}
-_NOT_LISTED: Any = object()
 
 
-def _listed_lr(optimizer: Any) -> Any:
+def _listed_lr(optimizer: Any, cell: Any) -> float | None:
     """The lr of a list schedule (``learning_rate=[...]``, e.g. ``nn.warmup_lr`` or
     ``nn.cosine_decay_lr``), looked up on the host: ``schedule[global_step]``.
 
     MindSpore keeps such a schedule as ``_IteratorLearningRate``, a gather over a
-    Parameter indexed by ``global_step``. ``get_lr()`` called from Python runs that cell,
-    which under GRAPH_MODE means a graph launch: 0.67 ms per call measured on 2.10 with
-    ``Model.train`` (10 % of a 6.5 ms MLP step when every step is collected), against
-    about 15 us to read ``global_step``. The schedule's values are read once (MindSpore
-    never writes them). None past the schedule's end (where the optimizer itself would
-    fail); ``_NOT_LISTED`` for any other kind of lr: ``get_lr()`` reads those.
+    Parameter indexed by ``global_step``, and computes it as ``get_lr()`` does (MindCV's
+    own ``get_lr`` too: it reads ``global_step``, then moves it). Read before the
+    update, ``global_step`` is the index the update uses. The schedule's values are read
+    once (MindSpore never writes them): about 15 us a read, against 0.67 ms for a
+    ``get_lr()`` graph launch under GRAPH_MODE. None past the schedule's end (where the
+    optimizer itself would fail).
     """
-    if not getattr(optimizer, "dynamic_lr", False):
-        return _NOT_LISTED
-    cell = optimizer.learning_rate
-    if getattr(optimizer, "is_group_lr", False):
-        cell = cell[0]
-    table = getattr(cell, "learning_rate", None)
-    if type(cell).__name__ != "_IteratorLearningRate" or table is None:
-        return _NOT_LISTED
+    table = cell.learning_rate
     known = _SCHEDULES.get(id(table))
     if known is None or known[0] is not table:
         known = (table, to_numpy(table).reshape(-1))
         _SCHEDULES[id(table)] = known
     step = to_float(optimizer.global_step)
     if step is None:
-        return _NOT_LISTED
+        return None
     values, step = known[1], int(step)
     return float(values[step]) if 0 <= step < len(values) else None
 

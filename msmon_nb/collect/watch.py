@@ -5,8 +5,10 @@ in that ``collect.hooks`` finds in the installed MindSpore:
 
 * the PyNative forward pass and backward of ``value_and_grad``/``grad`` functions: the
   loss, the batch size (first argument) and the gradients before any clipping;
-* ``nn.Optimizer.__call__``: the learning rate, read just before the update, and the
-  gradients the optimizer receives; a top-level optimizer call ends a step;
+* ``nn.Optimizer.__call__``: the learning rate, read from the optimizer's Parameters just
+  before the update (a schedule cell's, from the optimizer tap: the value its own
+  ``get_lr()`` returned, never a call of ours), and the gradients the optimizer
+  receives; a top-level optimizer call ends a step;
 * ``nn.Cell.__call__`` for top-level calls only: a train cell driven by hand
   (``TrainOneStepCell``, ``TrainOneStepWithLossScaleCell``, any Cell holding an
   optimizer) is one step, its output the loss, and its time is framework time;
@@ -42,13 +44,15 @@ from typing import Any
 
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, resolve, scaling_artifact
-from msmon_nb.collect.hooks import compile_cache, find_ways_in, original
+from msmon_nb.collect.hooks import compile_cache, find_ways_in, is_optimizer, original
 from msmon_nb.collect.optstate import find_optimizer
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
+from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.values import (
     cell_loss_scale,
+    lr_on_host,
     norm_now,
     optimizer_loss_scale,
     read_global_step,
@@ -62,6 +66,11 @@ FIX = (
     "one-line fix: return it from your step, e.g. `return loss, mm.global_norm(grads)`, "
     "or record it with mon.step(grad_norm=...)"
 )
+
+
+# grad calls a first step may hold before it is known whether they are micro-batches of
+# one update (``Watch._hold``)
+UNDECIDED = 32
 
 
 class WatchError(RuntimeError):
@@ -109,6 +118,8 @@ class Watch:
         self._opt_at_begin = 0  # _opt_calls when the collected step began
         self._callback: Any = None
         self._t_first: float | None = None
+        self.held_start: float | None = None  # when the last held grad call began
+        self.grad_steps = False  # every grad call is a step (seen: _finish_held)
         self._t_end: float | None = None
         self.batch_size: int | None = None
         self._norm_seen = False
@@ -132,6 +143,9 @@ class Watch:
         self.micro: list[float] = []  # earlier micro-batches' gradient norms this step
         self.calls = 0  # grad and jit calls in this step (> 1: accumulation)
         self.overflowed = False  # amp.all_finite found inf/nan in this step's gradients
+        # earlier grad calls of a first step not yet known to be one (``_hold``): their
+        # loss and start time
+        self.held: list[tuple[float | None, float]] = []
 
     # --- patching -----------------------------------------------------------------------
 
@@ -228,8 +242,7 @@ class Watch:
 
                 for cell in self._loss_tapped:
                     remove_loss_tap(cell)
-            for cell in self._recompiled_cells:
-                cell.compile_cache.clear()
+            drop_compiled(self._recompiled_cells)
         finally:
             if self in ACTIVE:
                 ACTIVE.remove(self)
@@ -289,7 +302,10 @@ class Watch:
                 watch._begin("opt")
             lr = None
             if watch.collect and watch._wants("learning_rate"):
-                lr = watch._guard(read_lr, opt)
+                if watch._guard(lr_on_host, opt):
+                    lr = watch._guard(read_lr, opt)
+                else:  # a schedule cell, or a get_lr() of its own: only its graph knows
+                    watch._install_tap()
             watch._in_opt += 1
             watch._depth += 1
             if top and watch.loss is not None and watch._gate_loss():
@@ -299,7 +315,7 @@ class Watch:
             if tap_mode is not None:
                 tap_mode.python = True  # we see this call: the tap need not compute
             try:
-                out = original(opt, *args, **kwargs)
+                out = watch._graph_call(original, opt, args, kwargs, "optimizer")
             finally:
                 watch._in_opt -= 1
                 watch._depth -= 1
@@ -327,10 +343,11 @@ class Watch:
             if train:
                 watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
+                watch._lr_before(cell)
             calls = watch._opt_calls
             watch._depth += 1
             try:
-                out = original(cell, *args, **kwargs)
+                out = watch._graph_call(original, cell, args, kwargs, "train cell")
             finally:
                 watch._depth -= 1
             if not train and watch._opt_calls == calls:
@@ -380,9 +397,11 @@ class Watch:
                 watch._begin("jit")
             watch.calls += top
             watch._install_tap()
+            if top:
+                watch._lr_before(executor)
             watch._depth += 1
             try:
-                out = original(executor, *args, **kwargs)
+                out = watch._graph_call(original, executor, args, kwargs, "jit step")
             finally:
                 watch._depth -= 1
             watch.jit_ran = True
@@ -468,14 +487,55 @@ class Watch:
 
     # --- graphs ---------------------------------------------------------------------------
 
+    def _lr_before(self, owner: Any) -> None:
+        """Before a collected graph step (a jit step, a train cell) runs: its optimizer's
+        lr, where its Parameters tell it (``lr_on_host``), read now. At the step's end --
+        for a graph step, when the next one begins -- the loop may already have set the
+        next step's lr; and a step whose update an overflow skipped never calls the
+        ``get_lr()`` the tap keeps. Other lrs (a schedule cell) come from the tap."""
+        if not self.collect or self.lr is not None or not self._wants("learning_rate"):
+            return
+        self.owner = owner
+        opt = self._step_optimizer()
+        if opt is not None and self._guard(lr_on_host, opt):
+            self.lr = self._guard(read_lr, opt)
+
     def _install_tap(self) -> None:
-        """Before the first jit step runs: wrap the optimizers and drop compiled phases."""
+        """Before the first graph step (or PyNative optimizer call whose lr only its graph
+        knows) runs: wrap the optimizers and drop compiled phases. The step under way
+        began unwrapped: if it is collected, its reading begins now, before it runs."""
         tap = self.tap
         if tap is None or tap.optimizer.installed:
             return
         if not self._wants("grad_norm", "learning_rate"):
             return
         self.monitor.guard("wrapping the optimizers for jit steps", tap.install)
+        if tap.optimizer.installed and self.pending and self.collect:
+            self._guard(tap.set_collect, True)
+            if tap.begun:  # the clip and loss-scale taps' reading began with the step
+                self._guard(tap.optimizer.arm_lr)
+            else:
+                self._guard(tap.begin)
+                self._opt_at_begin = self._opt_calls
+
+    def _graph_call(self, original: Any, obj: Any, args: tuple, kwargs: dict, where: str) -> Any:
+        """The user's call, run once without our taps if it fails compiling one of them
+        (``collect.tapguard``): that path is then not monitored, training goes on."""
+        tap = self.tap
+        if tap is None or not tap.installed:
+            return original(obj, *args, **kwargs)
+
+        def warn(message: str) -> None:
+            self.tap = None  # no tap again in this watch
+            self.monitor.warn_once("tap failed", message)
+
+        return run_unwrapped_on_failure(
+            lambda: original(obj, *args, **kwargs),
+            tap,
+            [obj, *self._recompiled_cells],
+            warn,
+            where,
+        )
 
     def _gate_loss(self) -> bool:
         """True when the skip gate judges the loss (loss_spike skip or nonfinite skip)."""
@@ -514,7 +574,7 @@ class Watch:
             from mindspore import nn
 
             known = isinstance(cell, nn.TrainOneStepCell) or any(
-                isinstance(c, nn.Optimizer) for _, c in cell.cells_and_names()
+                is_optimizer(c) for _, c in cell.cells_and_names()
             )
             self._train_cells[id(cell)] = known
         return known
@@ -540,6 +600,8 @@ class Watch:
             skipped = self.overflowed and self.opt is None and kind in ("grad", "jit")
             if (kind in ("opt", "cell") or self.opt_seen) and not skipped:
                 return
+            if kind == "grad" and not skipped and self._hold():
+                return
             self._finish()
         rec = self.monitor
         if rec.stop_requested or rec.paused:  # asked between steps: start no new one
@@ -555,6 +617,45 @@ class Watch:
             if self.collect:
                 self._guard(tap.begin)
                 self._opt_at_begin = self._opt_calls
+
+    def _hold(self) -> bool:
+        """A grad call begins while a grad-only step is open and no optimizer call has
+        been seen yet: the loop accumulates (its optimizer call comes after the
+        micro-batches) or updates without one (every grad call is a step). Which, only
+        its first optimizer call tells: until then, up to ``UNDECIDED`` calls are held
+        in one step, each call's loss and start kept (its gradient norm goes to
+        ``micro`` as under accumulation). An optimizer call then ends them as one
+        accumulated step; anything else (the limit, a jit or train-cell call, the
+        watch's end) ends them as a step each (``_finish_held``)."""
+        if self.kind != "grad" or self.opt_seen or self.jit_ran or self.grad_steps:
+            return False
+        if len(self.held) + 1 >= UNDECIDED:
+            return False
+        loss = self._guard(to_float, _first(self.loss)) if self.loss is not None else None
+        start = self.held_start if self.held else self._t_first
+        self.held.append((loss, start if start is not None else time.perf_counter()))
+        self.held_start = time.perf_counter()
+        return True
+
+    def _finish_held(self) -> None:
+        """The held grad calls were steps of their own: record each (its loss, its
+        micro-batch gradient norm, its time), then the open step is the last call only."""
+        rec = self.monitor
+        starts = [start for _, start in self.held] + [self.held_start]
+        norms = list(self.micro)
+        for i, (loss, start) in enumerate(self.held):
+            rec.add_timing(0.0, starts[i + 1] - start)
+            collect = rec.will_collect(rec.step_count)
+            norm = norms[i] if collect and i < len(norms) else None
+            loss = loss if collect else None
+            inputs = StepInputs(loss=loss, grad_norm=norm, batch_size=self.batch_size)
+            rec.record_step(inputs, collect=collect)
+            rec.boundary(raise_stop=False)
+        self.micro = norms[len(self.held) :]
+        self.grad_steps = True  # this loop updates without an optimizer call: hold no more
+        self.calls = 1
+        self._t_first = self.held_start
+        self.held = []
 
     def _take_jit_output(self, out: Any) -> None:
         items = out if isinstance(out, tuple | list) else (out,)
@@ -623,7 +724,7 @@ class Watch:
         per_micro = tap.pattern.per_micro_clip if tap is not None else False
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
-            self.monitor.warn_once("per-micro clip", out.note)
+            self.monitor.warn_once(out.note, out.note)
         if out.source is not None or out.note is not None or seen.overflow:
             self._norm_seen = True
         if out.source == "produced" and out.grad_norm is None:
@@ -634,6 +735,8 @@ class Watch:
 
     def _finish(self, opt_ran: bool = True) -> None:
         """Record the step that just ended, then run the step-boundary controls."""
+        if self.held and self.opt is None:
+            self._finish_held()
         self.pending = False
         rec = self.monitor
         now = time.perf_counter()
@@ -689,9 +792,14 @@ class Watch:
             self._depth -= 1
 
     def _optimizer(self) -> Any:
-        """The step's optimizer: the one called from Python, else (for the optimizer state
-        only) the one its graph-mode train cell or jit step holds, looked up once."""
-        if self.opt is not None or self.owner is None or not self._wants("optimizer_state"):
+        """The step's optimizer for the optimizer state: the one called from Python, else
+        the one its graph-mode train cell or jit step holds."""
+        return self._step_optimizer() if self._wants("optimizer_state") else self.opt
+
+    def _step_optimizer(self) -> Any:
+        """The optimizer called from Python, else the one the step's graph-mode train
+        cell or jit step holds (looked up once per cell or step function)."""
+        if self.opt is not None or self.owner is None:
             return self.opt
         known = self._owners.get(id(self.owner))
         if known is None or known[0] is not self.owner:

@@ -23,6 +23,7 @@ from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
 
+from msmon_nb.collect.values import read_lr
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from tests.support.reference import Reference, assert_same_weights
@@ -111,9 +112,12 @@ def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, clip, ema):
 def test_accumulation_records_the_applied_gradient(tmp_path):
     """``gradient_accumulation_steps=2``: MindCV adds grad/2 of each micro-batch and steps
     the optimizer on every second ``Model.train`` step: grad_norm is the norm of that
-    mean, on the steps that apply it."""
+    mean, on the steps that apply it. No micro-batch's own gradient leaves MindCV's graph:
+    one warning says micro_grad_norm is not recorded."""
     ref, plain_net = twin(accumulate=2)
-    net, mon, run = monitored(tmp_path, accumulate=2)
+    with pytest.warns(UserWarning, match="micro_grad_norm is not recorded"):
+        net, mon, run = monitored(tmp_path, accumulate=2)
+    assert "train/micro_grad_norm" not in run.tags  # never a micro-batch's: said instead
     grad_norm = run.scalars("train/grad_norm")
     assert grad_norm.steps.tolist() == list(range(2, STEPS + 1, 2))
     expected = [ref.accumulated_norm(s - 2, 2) for s in grad_norm.steps]
@@ -153,3 +157,59 @@ def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path):
     np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, 0.5, rtol=1e-3)
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), ref_net.trainable_params())
+
+
+@pytest.mark.parametrize("opt", ["adamw", "lion", "adan"])
+def test_optimizers_whose_get_lr_moves_global_step_train_as_without_us(tmp_path, opt):
+    """Issue 32: MindCV's AdamW, Lion and Adan advance ``global_step`` inside ``get_lr()``.
+    Under monitoring a second ``get_lr()`` per update ran the warmup-cosine schedule at
+    double pace and crashed at its end (``Gather`` index 24 out of [0, 24) for adamw).
+    Now: the whole schedule runs, recorded as the schedule says, and the weights, moments
+    and ``global_step`` are those of the unmonitored run, bit for bit. (The model is a
+    linear classifier: the optimizer, schedule, loss and trainer are MindCV's; a
+    mobilenet's compile would triple the test's time and show nothing more.)"""
+    from mindcv.scheduler import create_scheduler
+
+    def make():
+        ms.set_seed(0)
+        net = ms.nn.SequentialCell([ms.nn.Flatten(), ms.nn.Dense(3 * 32 * 32, 10)])
+        schedule = create_scheduler(
+            STEPS, "cosine_decay", lr=1e-4, min_lr=1e-6, warmup_epochs=1, num_epochs=2
+        )
+        optimizer = create_optimizer(net.trainable_params(), opt=opt, lr=schedule)
+        model = create_trainer(
+            net, create_loss(name="CE"), optimizer, metrics=None, amp_level="O0",
+            amp_cast_list=None, loss_scale_type="fixed", loss_scale=1.0,
+            drop_overflow_update=False,
+        )  # fmt: skip
+        return net, optimizer, model, schedule
+
+    def state(optimizer):
+        return {p.name: p.asnumpy().copy() for p in optimizer.get_parameters()}
+
+    _, plain_opt, model, schedule = make()
+    train(model, [])
+    train(model, [])  # a second epoch: the schedule's end, where the crash was
+    _, opt_, model, _ = make()
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
+        train(model, [mon.callback()])
+        train(model, [mon.callback()])
+    plain, monitored = state(plain_opt), state(opt_)
+    assert plain.keys() == monitored.keys()
+    assert all(np.array_equal(plain[k], monitored[k]) for k in plain), "optimizer state moved"
+    assert int(monitored["global_step"].reshape(-1)[0]) == 2 * STEPS
+    lr = load_run(mon.run_dir).scalars("train/learning_rate")
+    assert lr.steps.tolist() == list(range(1, 2 * STEPS + 1))
+    np.testing.assert_array_equal(lr.values, np.float32(schedule[: 2 * STEPS]))
+    assert not mon.alerts, [a.message for a in mon.alerts]
+
+
+def test_mindcv_adamw_global_step_never_moves() -> None:
+    """MindCV's AdamW advances ``global_step`` inside ``get_lr()``: reading its lr any
+    number of times leaves it where it was (the crash of issue 32 came from a second
+    ``get_lr()`` per update)."""
+    net = ms.nn.Dense(4, 2)
+    opt = create_optimizer(net.trainable_params(), opt="adamw", lr=[0.1, 0.2, 0.3])
+    for _ in range(5):
+        assert read_lr(opt) == pytest.approx(0.1)
+    assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 0

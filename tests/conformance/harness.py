@@ -1,0 +1,591 @@
+"""One conformance case: a tiny model trained twice, unmonitored and monitored, compared.
+
+A case picks an optimizer (``optimizers.BUILD``), an lr form, a loop shape, a scaling or
+clipping recipe and a collection frequency. Both arms build the same model from the same
+seed and see the same batches. The plain arm also records, before each step, what the
+contract says the monitor must find: the loss the step returns, the lr the form gives at
+the optimizer's ``global_step``, whether the step overflowed or applied an update, and
+the gradient norm of the unscaled loss in float64 (before clipping; the mean gradient of
+the micro-batches under accumulation). ``check`` then asserts that monitoring changed
+nothing (every Parameter of the model, the optimizer, the loss scaler and the train cell
+bit-identical) and recorded what it should (loss and lr exactly, grad_norm to 1e-3, loss
+scale, overflow), with no exception and no alert.
+
+The loop shapes are the ways users write MindSpore training:
+
+* ``pynative``: a ``value_and_grad`` + optimizer loop under ``mon.watch()``;
+* ``jit``: the same step decorated with ``@ms.jit``, under ``mon.watch()``;
+* ``cell``: a train cell in GRAPH_MODE driven by hand (``nn.TrainOneStepCell``, or a
+  cell of ours for scaling, clipping and accumulation), under ``mon.watch()``;
+* ``model``: ``Model.train`` in GRAPH_MODE with ``mon.callback()``.
+
+Loss scaling follows MindSpore's own recipes: ``mindspore.amp``'s scalers in function
+steps (the mixed-precision tutorial's ``all_finite`` / ``adjust``), a ``scale_sense`` and
+``nn.DynamicLossScaleUpdateCell`` in cells (MindSpore's ``TrainOneStepWithLossScaleCell``
+checks overflow with NPU-only kernels, so the cell checks with ``amp.all_finite``). The
+dynamic scale starts at 2**120 and the first batch's inputs are scaled by 1e4: its scaled
+gradients overflow float32 (the injected overflow), the scale drops by 16 and rises back
+after two good steps.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import mindspore as ms
+import mindspore.dataset as mds
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.amp import DynamicLossScaler, StaticLossScaler, all_finite
+from mindspore.train import Callback, Model
+
+from msmon_nb.events.runs import load_run
+from msmon_nb.monitor import Monitor
+from tests.conformance.optimizers import BUILD
+
+LOOPS = ("pynative", "jit", "cell", "model")
+LR_FORMS = ("float", "list", "schedule", "group", "parameter")
+SCALINGS = ("none", "static", "dynamic", "clip", "accumulate")
+FREQS = (1, 3)
+
+STEPS, BATCH, FEATURES, HIDDEN, CLASSES = 6, 8, 8, 16, 3
+LR = 0.01
+LR_LIST = [0.01 * (1 + (i % 4)) for i in range(4 * STEPS)]  # varies at every step
+LR_CHANGED_AT, LR_CHANGED_TO = 3, 0.005  # the "parameter" form: set by hand before step 3
+STATIC_SCALE = 1024.0
+# the dynamic scale: 2**120, divided by 16 on an overflow, multiplied by 16 after two good
+# steps (never past float32's range in STEPS steps); the first batch's inputs x 1e4 make
+# its scaled gradients overflow (its unscaled ones are finite): the injected overflow
+DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW, POISON = 2.0**120, 16, 2, 1e4
+CLIP = 0.05  # below every step's gradient norm here, so every step clips
+MICRO = 2  # micro-batches per update under "accumulate"
+
+
+@dataclass(frozen=True)
+class Case:
+    optimizer: str
+    loop: str = "model"
+    lr: str = "list"
+    scaling: str = "none"
+    freq: int = 1
+    suite: str = ""  # a suite's own train cell (suites.SUITES) instead of ours
+
+    @property
+    def id(self) -> str:
+        cell = f"{self.suite}-" if self.suite else ""
+        return f"{cell}{self.optimizer}-{self.loop}-{self.lr}-{self.scaling}-f{self.freq}"
+
+
+def supported(case: Case) -> bool:
+    """Whether the case can exist: the optimizer trains in the loop (``Spec.pynative``)
+    and takes the lr form; ``Model`` takes the
+    optimizer (``nn.Optimizer`` only: "The type of 'optimizer' should be one of
+    '['Optimizer', ...]'" for the experimental API's); a suite's train cell is a cell
+    (driven by hand or by ``Model``) around an ``nn.Optimizer``, and only it has EMA."""
+    spec = BUILD[case.optimizer]
+    if case.loop == "pynative" and not spec.pynative:
+        return False
+    if case.suite:
+        return case.loop in ("cell", "model") and spec.family == "nn" and case.lr in spec.forms
+    if case.scaling == "ema":
+        return False
+    if case.loop == "model" and spec.family == "experimental":
+        return False
+    return case.lr in spec.forms
+
+
+def default_lr(optimizer: str) -> str:
+    """The lr form every optimizer is run with at the default: a list schedule (it moves
+    ``global_step``), where the optimizer takes one."""
+    return "list" if "list" in BUILD[optimizer].forms else "float"
+
+
+@dataclass
+class Arm:
+    """What one run did, step by step (index = the loop's step, from 0)."""
+
+    losses: list[float] = field(default_factory=list)
+    lrs: list[float | None] = field(default_factory=list)  # plain arm: the form's lr
+    applied: list[bool] = field(default_factory=list)  # plain arm: the weights moved
+    overflow: list[bool] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    norms: list[float | None] = field(default_factory=list)  # plain arm: the reference
+    micro: list[float] = field(default_factory=list)  # plain arm: largest micro-batch norm
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    run: Any = None
+    alerts: list = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# --- the model, data, lr forms ---------------------------------------------------------
+
+
+def network() -> nn.Cell:
+    ms.set_seed(0)
+    return nn.SequentialCell([nn.Dense(FEATURES, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, CLASSES)])
+
+
+def loss_function() -> nn.Cell:
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def batches(count: int, poison: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` batches; ``poison``: the first one's inputs x ``POISON``."""
+    rng = np.random.default_rng(7)
+    centres = rng.normal(size=(CLASSES, FEATURES)).astype(np.float32)
+    out = []
+    for i in range(count):
+        y = rng.integers(0, CLASSES, size=BATCH).astype(np.int32)
+        x = (centres[y] + rng.normal(size=(BATCH, FEATURES))).astype(np.float32)
+        out.append((x * POISON if poison and i == 0 else x, y))
+    return out
+
+
+def schedule() -> nn.LearningRateSchedule:
+    return nn.ExponentialDecayLR(LR, 0.8, 1)
+
+
+def lr_argument(form: str, params: list) -> tuple[Any, Any]:
+    """(params as the optimizer is given them, its lr argument) for an lr form."""
+    if form == "list":
+        return params, list(LR_LIST)
+    if form == "schedule":
+        return params, schedule()
+    if form == "group":  # the first group's lr is a list schedule, the second a float
+        return [{"params": params[:2], "lr": list(LR_LIST)}, {"params": params[2:], "lr": LR}], LR
+    return params, LR
+
+
+def form_lr(form: str, step: int, global_step: int | None) -> float:
+    """The lr a step uses under a form: what the monitor must record (float32 values)."""
+    if form in ("list", "group"):
+        return float(np.float32(LR_LIST[global_step]))
+    if form == "schedule":
+        with pynative():
+            value = schedule()(Tensor(global_step, ms.int32))
+        return float(value.asnumpy())
+    if form == "parameter" and step >= LR_CHANGED_AT:
+        return float(np.float32(LR_CHANGED_TO))
+    return float(np.float32(LR))
+
+
+def set_lr(optimizer: Any, value: float) -> None:
+    """Change an lr Parameter by hand, as users (and ``LearningRateScheduler``) do."""
+    groups = getattr(optimizer, "param_groups", None)
+    target = groups[0]["lr"] if groups else optimizer.learning_rate
+    ops.assign(target, Tensor(value, ms.float32))
+
+
+def global_step(optimizer: Any) -> int | None:
+    counter = getattr(optimizer, "global_step", None)
+    return None if counter is None else int(counter.asnumpy().reshape(-1)[0])
+
+
+@contextmanager
+def pynative() -> Iterator[None]:
+    mode = ms.get_context("mode")
+    if mode != ms.PYNATIVE_MODE:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        if mode != ms.PYNATIVE_MODE:
+            ms.set_context(mode=mode)
+
+
+# --- the float64 reference ---------------------------------------------------------------
+
+
+class Reference:
+    """The gradient of the unscaled loss for given batches, with the weights as they are;
+    ``windows``: the batches to take at each step instead of the step's own."""
+
+    def __init__(self, net: nn.Cell, windows: list | None = None) -> None:
+        loss_fn = loss_function()
+        self.params = net.trainable_params()
+        self.windows = windows
+        self.taken = 0
+
+        def forward(x, y):
+            return loss_fn(net(x), y)
+
+        self.grad = ms.value_and_grad(forward, None, self.params)
+
+    def norm(self, micro: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+        """(norm of the mean gradient of the batches, largest norm of one batch's)."""
+        if self.windows is not None:
+            micro = self.windows[self.taken]
+        self.taken += 1
+        total, largest = None, 0.0
+        for x, y in micro:
+            _, grads = self.grad(Tensor(x), Tensor(y))
+            arrays = [g.asnumpy().astype(np.float64) for g in grads]
+            largest = max(largest, math.sqrt(sum(float((a * a).sum()) for a in arrays)))
+            total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+        return math.sqrt(sum(float(((g / len(micro)) ** 2).sum()) for g in total)), largest
+
+
+# --- the steps users write ---------------------------------------------------------------
+
+
+def function_step(net, optimizer, scaling: str, jit: bool) -> tuple[Callable, Any]:
+    """A value_and_grad step as MindSpore's tutorials write it; returns (step, scaler).
+    ``step(x, y)`` (or ``step(x1, y1, x2, y2)`` under accumulation) returns the loss
+    (the last micro-batch's, unscaled) and whether the gradients were finite."""
+    loss_fn = loss_function()
+    scaler = None
+    if scaling == "static":
+        scaler = StaticLossScaler(STATIC_SCALE)
+    elif scaling == "dynamic":
+        scaler = DynamicLossScaler(DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW)
+    params = net.trainable_params()
+
+    def forward(x, y):
+        loss = loss_fn(net(x), y)
+        if scaler is not None:
+            loss = scaler.scale(loss)
+        return loss
+
+    grad_fn = ms.value_and_grad(forward, None, params)
+
+    def apply(loss, grads):
+        if scaler is not None:
+            loss = scaler.unscale(loss)
+        finite = all_finite(grads) if scaling == "dynamic" else Tensor(True)
+        if finite:
+            if scaler is not None:
+                grads = scaler.unscale(grads)
+            if scaling == "clip":
+                grads = ops.clip_by_global_norm(grads, CLIP)
+            optimizer(grads)
+        if scaling == "dynamic":
+            scaler.adjust(finite)
+        return loss, finite
+
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        return apply(loss, grads)
+
+    def accumulated(x1, y1, x2, y2):
+        _, first = grad_fn(x1, y1)
+        loss, second = grad_fn(x2, y2)
+        grads = tuple((a + b) / MICRO for a, b in zip(first, second))  # noqa: B905 (graph)
+        return apply(loss, grads)
+
+    fn = accumulated if scaling == "accumulate" else step
+    return (ms.jit(fn) if jit else fn), scaler
+
+
+class TrainCell(nn.Cell):
+    """A train cell for scaling, clipping and accumulation, written as MindSpore's (and the
+    suites') cells are: ``GradOperation`` with a sensitivity, unscale, overflow check,
+    ``DynamicLossScaleUpdateCell``, ``ops.clip_by_global_norm``, an accumulation buffer
+    applied on every ``MICRO``-th call. Returns (loss, whether it updated)."""
+
+    def __init__(self, net: nn.Cell, optimizer: Any, scaling: str) -> None:
+        super().__init__(auto_prefix=False)
+        self.network = nn.WithLossCell(net, loss_function())
+        self.optimizer = optimizer
+        self.weights = ParameterTuple(net.trainable_params())
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.hyper_map = ops.HyperMap()
+        self.scaling = scaling
+        scale = {"static": STATIC_SCALE, "dynamic": DYNAMIC_SCALE}.get(scaling, 1.0)
+        self.scale_sense = Parameter(Tensor(scale, ms.float32), name="scale_sense")
+        self.updater = None
+        if scaling == "dynamic":
+            self.updater = nn.DynamicLossScaleUpdateCell(scale, DYNAMIC_FACTOR, DYNAMIC_WINDOW)
+        self.accumulate = scaling == "accumulate"
+        if self.accumulate:
+            self.buffer = self.weights.clone(prefix="accumulated", init="zeros")
+            self.micro = Parameter(Tensor(0, ms.int32), name="micro_step")
+
+    def construct(self, x, y):
+        loss = self.network(x, y)
+        sens = ops.ones_like(loss) * self.scale_sense
+        grads = self.grad(self.network, self.weights)(x, y, sens)
+        grads = self.hyper_map(ops.partial(_unscale, self.scale_sense), grads)
+        applied = Tensor(True)
+        if self.scaling == "dynamic":
+            overflow = ops.logical_not(all_finite(grads))
+            overflow = self.updater(self.scale_sense, overflow)
+            applied = ops.logical_not(overflow)
+            if applied:
+                loss = ops.depend(loss, self.optimizer(grads))
+        elif self.accumulate:
+            loss = ops.depend(loss, self.hyper_map(_accumulate, self.buffer, grads))
+            loss = ops.depend(loss, ops.assign_add(self.micro, Tensor(1, ms.int32)))
+            applied = self.micro >= MICRO
+            if applied:
+                loss = ops.depend(loss, self.optimizer(self.buffer))
+                loss = ops.depend(loss, self.hyper_map(_clear, self.buffer))
+                loss = ops.depend(loss, ops.assign(self.micro, Tensor(0, ms.int32)))
+        else:
+            if self.scaling == "clip":
+                grads = ops.clip_by_global_norm(grads, CLIP)
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, applied
+
+
+_unscale = ops.MultitypeFuncGraph("conformance_unscale")
+_accumulate = ops.MultitypeFuncGraph("conformance_accumulate")
+_clear = ops.MultitypeFuncGraph("conformance_clear")
+
+
+@_unscale.register("Tensor", "Tensor")
+def _unscale_tensor(scale, grad):
+    return grad / scale
+
+
+@_accumulate.register("Tensor", "Tensor")
+def _accumulate_tensor(buffer, grad):
+    return ops.assign_add(buffer, grad / MICRO)
+
+
+@_clear.register("Tensor")
+def _clear_tensor(buffer):
+    return ops.assign(buffer, ops.zeros_like(buffer))
+
+
+# --- the two arms ------------------------------------------------------------------------
+
+
+def run_case(case: Case, tmp_path: Any) -> tuple[Arm, Arm]:
+    """Train ``case`` unmonitored, then monitored; (plain arm, monitored arm)."""
+    mode = ms.GRAPH_MODE if case.loop in ("cell", "model") else ms.PYNATIVE_MODE
+    before = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        plain = _train(case, None)
+        monitored = _train(case, tmp_path)
+    finally:
+        ms.set_context(mode=before)
+    return plain, monitored
+
+
+def _train(case: Case, save_dir: Any) -> Arm:
+    net = network()
+    params, lr = lr_argument(case.lr, net.trainable_params())
+    optimizer = BUILD[case.optimizer].build(params, lr)
+    arm = Arm()
+    reference = Reference(net) if save_dir is None else None
+    micro = MICRO if case.scaling == "accumulate" and case.loop in ("pynative", "jit") else 1
+    data = batches(STEPS * micro, poison=case.scaling == "dynamic")
+    steps = [data[i * micro : (i + 1) * micro] for i in range(STEPS)]
+    if case.scaling == "accumulate" and micro == 1:
+        # a cell accumulating across calls applies, on every MICRO-th, the mean gradient
+        # of that call's batch and the ones before it since the last update
+        windows = [data[i - i % MICRO : i + 1] for i in range(STEPS)]
+        reference = reference and Reference(net, windows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if case.loop == "model":
+            cells = _train_model(case, net, optimizer, steps, arm, reference, save_dir)
+        else:
+            cells = _train_loop(case, net, optimizer, steps, arm, reference, save_dir)
+    arm.warnings = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
+    arm.state = state_of(net, optimizer, *cells)
+    return arm
+
+
+def _before_step(case, i, optimizer, micro, arm, reference, scale) -> list:
+    """What a step starts from: the by-hand lr change, and (plain arm) the form's lr, the
+    reference norm and the loss scale in force. Returns the weights, to see them move."""
+    if case.lr == "parameter" and i == LR_CHANGED_AT:
+        set_lr(optimizer, LR_CHANGED_TO)
+    if reference is not None:
+        arm.lrs.append(form_lr(case.lr, i, global_step(optimizer)))
+        norm, largest = reference.norm(micro)
+        arm.norms.append(norm)
+        arm.micro.append(largest)
+    held = getattr(scale, "scale_sense", None)  # a train cell's; an amp scaler's:
+    held = getattr(scale, "scale_value", None) if held is None else held
+    arm.scales.append(float(held.asnumpy()) if held is not None else 1.0)
+    return [p.asnumpy().copy() for p in optimizer.parameters]
+
+
+def _after_step(case, out, weights, optimizer, arm) -> None:
+    """The loss the step returned (first output), and whether it updated the weights."""
+    loss = out[0] if isinstance(out, tuple | list) else out
+    arm.losses.append(float(loss.asnumpy()))
+    now = [p.asnumpy() for p in optimizer.parameters]
+    arm.applied.append(any(not np.array_equal(a, b) for a, b in zip(weights, now, strict=True)))
+    arm.overflow.append(case.scaling == "dynamic" and not arm.applied[-1])
+
+
+def train_cell(case, net, optimizer) -> nn.Cell:
+    """The train cell of the ``cell`` and ``model`` loops: MindSpore's ``TrainOneStepCell``
+    when nothing scales, clips or accumulates, else ours, or the suite's."""
+    if case.suite:
+        from tests.conformance.suites import suite_cell
+
+        return suite_cell(case.suite, net, loss_function(), optimizer, case)
+    if case.scaling == "none":
+        return nn.TrainOneStepCell(nn.WithLossCell(net, loss_function()), optimizer)
+    return TrainCell(net, optimizer, case.scaling)
+
+
+def _train_loop(case, net, optimizer, steps, arm, reference, save_dir) -> list:
+    """The three loops under ``mon.watch()`` (unmonitored when ``save_dir`` is None)."""
+    if case.loop == "cell":
+        step = scale = train_cell(case, net, optimizer)
+    else:
+        step, scale = function_step(net, optimizer, case.scaling, jit=case.loop == "jit")
+    with _monitored(save_dir, case.freq, arm) as mon:
+        watch = mon.watch() if mon is not None else _nothing()
+        with watch:
+            for i, micro in enumerate(steps):
+                weights = _before_step(case, i, optimizer, micro, arm, reference, scale)
+                out = step(*[Tensor(a) for pair in micro for a in pair])
+                _after_step(case, out, weights, optimizer, arm)
+    return [scale] if scale is not None else []
+
+
+class _Steps(Callback):
+    """The plain arm's record of a ``Model.train`` step (and the by-hand lr change)."""
+
+    def __init__(self, case, optimizer, steps, arm, reference, cell) -> None:
+        super().__init__()
+        self.case, self.optimizer, self.steps = case, optimizer, steps
+        self.arm, self.reference, self.cell = arm, reference, cell
+        self.weights: list = []
+
+    def on_train_step_begin(self, run_context):
+        i = run_context.original_args().cur_step_num - 1
+        self.weights = _before_step(
+            self.case, i, self.optimizer, self.steps[i], self.arm, self.reference, self.cell
+        )
+
+    def on_train_step_end(self, run_context):
+        out = run_context.original_args().net_outputs
+        _after_step(self.case, out, self.weights, self.optimizer, self.arm)
+
+
+def _train_model(case, net, optimizer, steps, arm, reference, save_dir) -> list:
+    if case.scaling == "none" and not case.suite:
+        model = Model(net, loss_function(), optimizer)
+        cell = None
+    else:
+        cell = train_cell(case, net, optimizer)
+        model = Model(cell)
+    x = np.concatenate([m[0][0] for m in steps])
+    y = np.concatenate([m[0][1] for m in steps])
+    dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
+    with _monitored(save_dir, case.freq, arm) as mon:
+        callbacks = [_Steps(case, optimizer, steps, arm, reference, cell)]
+        if mon is not None:
+            callbacks.append(mon.callback())
+        model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
+    return [model.train_network]
+
+
+@contextmanager
+def _monitored(save_dir, freq: int, arm: Arm) -> Iterator[Any]:
+    if save_dir is None:
+        yield None
+        return
+    with Monitor(save_dir=str(save_dir), log_interval=freq) as mon:
+        yield mon
+    arm.run = load_run(mon.run_dir)
+    arm.alerts = list(mon.alerts)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def state_of(*owners: Any) -> dict[str, np.ndarray]:
+    """Every Parameter the model, the optimizer, the scaler and the train cells hold, by
+    name (the optimizer's moments, ``global_step``, lr Parameters, the loss scale and its
+    counters, accumulation buffers)."""
+    out: dict[str, np.ndarray] = {}
+    seen: set[int] = set()
+    for owner in owners:
+        if isinstance(owner, nn.Cell):
+            items = list(owner.parameters_and_names())
+        else:  # an amp scaler: its Parameters are attributes
+            items = [(k, v) for k, v in vars(owner).items() if isinstance(v, Parameter)]
+        for name, param in items:
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            value = param.asnumpy() if param.dtype != ms.bfloat16 else param.float().asnumpy()
+            out[f"{type(owner).__name__}:{name}"] = value.copy()
+    return out
+
+
+# --- the verdict -------------------------------------------------------------------------
+
+
+def check(case: Case, plain: Arm, mon: Arm) -> None:
+    """Everything the contract promises for this case, with messages that name the step."""
+    assert plain.state.keys() == mon.state.keys(), "monitoring changed which Parameters exist"
+    changed = [k for k in plain.state if not np.array_equal(plain.state[k], mon.state[k])]
+    assert not changed, f"monitoring changed training state: {changed}"
+    assert mon.losses == plain.losses, "monitoring changed the losses the loop saw"
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    if case.scaling == "dynamic":
+        assert any(plain.overflow), "the injected overflow did not happen"
+    run = mon.run
+    first = 1 if case.loop == "model" else 0  # Model.train counts from 1
+    collected = [i for i in range(STEPS) if (i + first) % case.freq == 0]
+    assert collected, "no collected step"
+    loss = _series(run, "train/loss", first)
+    expected_loss = {i: plain.losses[i] for i in collected if not _inf_loss(plain, i)}
+    assert loss == expected_loss, "train/loss differs from the loss the loop returned"
+    lr = _series(run, "train/learning_rate", first)
+    rtol = 1e-6 if case.lr == "schedule" else 0.0
+    for i in collected:
+        if i in lr or plain.applied[i]:
+            assert i in lr, f"no learning_rate at step {i}"
+            assert math.isclose(lr[i], plain.lrs[i], rel_tol=rtol), (
+                f"learning_rate at step {i}: {lr[i]} recorded, {plain.lrs[i]} used"
+            )
+    norms = _series(run, "train/grad_norm", first)
+    for i in collected:
+        expected = plain.norms[i] if plain.applied[i] and not plain.overflow[i] else None
+        if expected is None:
+            assert i not in norms, f"grad_norm at step {i}, which applied no update"
+            continue
+        assert i in norms, f"no grad_norm at step {i}; warnings: {mon.warnings}"
+        assert math.isclose(norms[i], expected, rel_tol=1e-3), (
+            f"grad_norm at step {i}: {norms[i]} recorded, {expected} by the contract"
+        )
+    if case.scaling == "clip":
+        clipped = _series(run, "train/grad_norm_clipped", first)
+        for i in collected:
+            assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=1e-3)
+    if case.scaling == "accumulate":
+        micro = _series(run, "train/micro_grad_norm", first)
+        if case.loop == "pynative":  # each micro-batch's gradient is seen where produced
+            for i in collected:
+                assert math.isclose(micro[i], plain.micro[i], rel_tol=1e-3), f"micro at {i}"
+        elif case.loop in ("cell", "model"):  # inside the cell's graph: said once, not faked
+            assert not micro
+            assert sum("micro_grad_norm is not recorded" in w for w in mon.warnings) == 1
+        # (a jit step taking both micro-batches' gradients inside one graph shows the
+        # monitor one update of one gradient: nothing tells it the step accumulates)
+    if case.scaling in ("static", "dynamic"):
+        scales = _series(run, "train/loss_scale", first)
+        assert scales == {i: plain.scales[i] for i in collected}, "train/loss_scale"
+    if case.scaling == "dynamic":
+        flags = _series(run, "train/overflow", first)
+        assert flags == {i: float(plain.overflow[i]) for i in collected}, "train/overflow"
+
+
+def _series(run: Any, tag: str, first: int) -> dict[int, float]:
+    if tag not in list(run.tags()):
+        return {}
+    series = run.scalars(tag)
+    return {int(s) - first: float(v) for s, v in zip(series.steps, series.values, strict=True)}
+
+
+def _inf_loss(arm: Arm, i: int) -> bool:
+    """An overflow step whose scaled loss overflowed: the monitor drops that Inf."""
+    return arm.overflow[i] and math.isinf(arm.losses[i])

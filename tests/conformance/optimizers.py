@@ -1,0 +1,228 @@
+"""Every optimizer a user can pick, found by introspection, and how the matrix builds it.
+
+Found: every ``Optimizer`` subclass that ``mindspore.nn``, ``mindspore.mint.optim`` and
+``mindspore.experimental.optim`` export, and every name that MindCV 0.3.0's and mindone
+0.5.0's ``create_optimizer`` compare their ``opt``/``name`` argument with (read from
+the factory's source, so a name added in a release shows up here). ``BUILD`` says how
+to make each (as its own users make it); ``EXCLUDED`` says why one is not trained here.
+``test_optimizers.py`` fails on a found optimizer that is in neither, on an entry of
+either that is no longer found, and on an exclusion that stopped being true.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# lr forms each family accepts: nn.Optimizer takes a float, a list, a LearningRateSchedule
+# and per-group lrs; the experimental/mint optimizers take a float per group, which
+# their users change through lr schedulers (our "parameter" form: the lr Parameter
+# changed between steps)
+NN_FORMS = ("float", "list", "schedule", "group", "parameter")
+FLOAT_FORMS = ("float", "parameter")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How to make one optimizer: ``build(params, lr)`` (lr as the form gives it), the
+    lr forms it accepts, and its family (which API its lr and state follow)."""
+
+    build: Callable[[list, Any], Any]
+    forms: tuple[str, ...] = NN_FORMS
+    family: str = "nn"  # nn | experimental
+    # False where its update does nothing in PyNative (test_optimizers checks it still does)
+    pynative: bool = True
+
+
+def _nn(name: str, **kw: Any) -> Spec:
+    def build(params, lr):
+        import mindspore.nn as nn
+
+        return getattr(nn, name)(params, learning_rate=lr, **kw)
+
+    return Spec(build)
+
+
+def _exp(module: str, name: str) -> Spec:
+    def build(params, lr):
+        return getattr(importlib.import_module(module), name)(params, lr=lr)
+
+    # mint.optim's in-place updates leave the weights as they were when run op by op on
+    # the CPU (MindSpore 2.10): there is no training to compare in a PyNative loop
+    return Spec(build, FLOAT_FORMS, "experimental", pynative=not module.endswith("mint.optim"))
+
+
+# the suites' factories take a parameter list (they group it themselves), so no group lr
+SUITE_FORMS = ("float", "list", "schedule", "parameter")
+
+
+def _mindcv(name: str) -> Spec:
+    def build(params, lr):
+        from mindcv.optim import create_optimizer
+
+        return create_optimizer(params, opt=name, lr=lr, weight_decay=1e-4)
+
+    return Spec(build, SUITE_FORMS)
+
+
+def _mindone(name: str, **kw: Any) -> Spec:
+    def build(params, lr):
+        from mindone.trainers.optim import create_optimizer
+
+        return create_optimizer(params, name=name, lr=lr, **kw)
+
+    return Spec(build, SUITE_FORMS)
+
+
+def _tft(params, lr):
+    import mindspore.nn as nn
+
+    return nn.OptTFTWrapper(nn.Momentum(params, lr, 0.9))
+
+
+def _lars(params, lr):
+    import mindspore.nn as nn
+
+    return nn.LARS(nn.Momentum(params, lr, 0.9))
+
+
+EXPERIMENTAL = (
+    "ASGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop",
+    "Rprop", "SGD",
+)  # fmt: skip
+MINDCV = (
+    "sgd", "momentum", "nesterov", "adam", "adamw", "lion", "nadam", "adan", "rmsprop",
+    "adagrad",
+)  # fmt: skip
+
+BUILD: dict[str, Spec] = {
+    "nn.ASGD": _nn("ASGD"),
+    # AdaFactor rejects group lrs (its MultitypeFuncGraph has no overload for them)
+    "nn.AdaFactor": Spec(
+        _nn("AdaFactor", scale_parameter=False, relative_step=False, warmup_init=False).build,
+        ("float", "list", "schedule", "parameter"),
+    ),
+    "nn.AdaMax": _nn("AdaMax"),
+    "nn.Adadelta": _nn("Adadelta"),
+    "nn.Adagrad": _nn("Adagrad"),
+    "nn.Adam": _nn("Adam"),
+    "nn.AdamOffload": _nn("AdamOffload"),
+    "nn.AdamWeightDecay": _nn("AdamWeightDecay", weight_decay=0.01),
+    "nn.FTRL": Spec(_nn("FTRL").build, ("float", "parameter")),  # FTRL: a constant lr only
+    "nn.LazyAdam": _nn("LazyAdam"),
+    "nn.Momentum": _nn("Momentum", momentum=0.9),
+    "nn.ProximalAdagrad": _nn("ProximalAdagrad"),
+    "nn.RMSProp": _nn("RMSProp"),
+    "nn.Rprop": _nn("Rprop"),
+    "nn.SGD": _nn("SGD"),
+    "mint.optim.Adam": _exp("mindspore.mint.optim", "Adam"),
+    "mint.optim.SGD": _exp("mindspore.mint.optim", "SGD"),
+    **{f"experimental.optim.{n}": _exp("mindspore.experimental.optim", n) for n in EXPERIMENTAL},
+    **{f"mindcv:{n}": _mindcv(n) for n in MINDCV},
+    "mindone:adam": _mindone("adam"),
+    "mindone:adamw": _mindone("adamw"),
+    "mindone:adamw_re": _mindone("adamw_re"),
+    "mindone:sgd": _mindone("sgd"),
+    "mindone:momentum": _mindone("momentum"),
+    # CAME takes three betas and two eps (its own defaults), not the factory's defaults
+    "mindone:came": _mindone("came", betas=[0.9, 0.999, 0.9999], eps=(1e-30, 1e-16)),
+}
+
+# why a found optimizer is not trained by the matrix: (reason, build, a text its error on
+# this machine contains). test_optimizers.py checks that each still fails so.
+EXCLUDED: dict[str, tuple[str, Callable[[list, Any], Any], str]] = {
+    "nn.LARS": ("no CPU kernel for LARSUpdate", _lars, "Unsupported op [LARSUpdate] on CPU"),
+    "nn.Lamb": ("no CPU kernel for Lamb", _nn("Lamb").build, "Unsupported op [Lamb] on CPU"),
+    "nn.OptTFTWrapper": (
+        "Ascend's training fault tolerance wrapper, not an optimizer: needs MindIO TFT",
+        _tft,
+        "MindIO TFT",
+    ),
+    "mint.optim.AdamW": (
+        "no CPU kernel for AdamW",
+        _exp("mindspore.mint.optim", "AdamW").build,
+        "The kernel AdamW unregistered",
+    ),
+    "mint.optim.FusedAdamW": (
+        "its in-place copy kernel fails on CPU",
+        _exp("mindspore.mint.optim", "FusedAdamW").build,
+        "For 'InplaceCopy, an unexpected kernel has been launched",
+    ),
+    "mindcv:lamb": ("nn.Lamb: no CPU kernel", _mindcv("lamb").build, "Unsupported op [Lamb]"),
+    "mindone:adamw_bf16": (
+        "bfloat16 AdamW: no CPU kernel",
+        _mindone("adamw_bf16").build,
+        "Unsupported op [AdamW]",
+    ),
+    "mindone:adamw_mint": (
+        "mint's AdamW: no CPU kernel",
+        _mindone("adamw_mint").build,
+        "The kernel ZerosLikeExt unregistered",
+    ),
+    "mindone:adamw_mf": (
+        "named only where the factory passes keywords; its selection rejects it",
+        _mindone("adamw_mf").build,
+        "invalid optimizer",
+    ),
+}
+
+
+def found() -> list[str]:
+    """Every optimizer the installed packages offer, as ``source.Name`` or ``suite:name``."""
+    names: list[str] = []
+    import mindspore.nn as nn
+    from mindspore.experimental import optim as experimental
+
+    for module, base, prefix in (
+        (nn, nn.Optimizer, "nn"),
+        (importlib.import_module("mindspore.mint.optim"), experimental.Optimizer, "mint.optim"),
+        (experimental, experimental.Optimizer, "experimental.optim"),
+    ):
+        for name in dir(module):
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, base) and value is not base:
+                names.append(f"{prefix}.{name}")
+    from mindcv.optim import create_optimizer as mindcv_factory
+    from mindone.trainers.optim import create_optimizer as mindone_factory
+
+    names += [f"mindcv:{n}" for n in compared_names(mindcv_factory, "opt")]
+    names += [f"mindone:{n}" for n in compared_names(mindone_factory, "name")]
+    return sorted(set(names))
+
+
+def compared_names(function: Callable, argument: str) -> list[str]:
+    """The strings ``function`` compares ``argument`` with (``arg == "x"``,
+    ``arg.lower() in ["x", "y"]``, after ``arg = arg.lower()``): the names it accepts."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare) or not _is_argument(node.left, argument):
+            continue
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            if isinstance(op, ast.Eq | ast.In):
+                out.update(_strings(right))
+    return sorted(out)
+
+
+def _is_argument(node: ast.AST, argument: str) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id == argument
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "lower"
+        and _is_argument(node.func.value, argument)
+    )
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return [s for item in node.elts for s in _strings(item)]
+    return []

@@ -1,0 +1,118 @@
+"""The suites' own train cells, as they ship, configured for a case's scaling.
+
+* mindone 0.5.0: ``mindone.trainers.TrainOneStepWrapper`` (EMA, clipping, accumulation,
+  loss scale), with ``mindone.trainers.EMA``;
+* MindCV 0.3.0: ``mindcv.utils.train_step.TrainStep`` (what ``create_trainer`` builds for
+  clipping, EMA or accumulation);
+* MindOCR 0.5.0: ``mindocr.utils.train_step_wrapper.TrainOneStepWrapper`` and its EMA. The
+  ``mindocr`` package does not import on MindSpore 2.10 (``mindspore.parallel._transformer``
+  is gone), so its modules are loaded from the installed files as they ship, under a
+  package of their own (``load_mindocr``), without running ``mindocr/__init__.py``.
+
+Their dynamic loss scale checks overflow with the NPU float-status kernels, which the CPU
+lacks (the suites skip the check there: ``is_cpu_device``). For the ``dynamic`` case the
+cell is subclassed so that exactly those two methods check with ``amp.all_finite``
+instead -- the one part that is not the suite's code, a stand-in for a device we do not
+have -- and the rest (``process_loss_scale``, the update cell, the skipped update) is
+theirs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+from mindspore.amp import all_finite
+
+SUITES = ("mindone", "mindcv", "mindocr")
+
+
+def load_mindocr(module: str) -> types.ModuleType:
+    """``mindocr.<module>`` from the installed files, as ``mindocr_shipped.<module>``."""
+    spec = importlib.util.find_spec("mindocr")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("mindocr 0.5.0 is not installed (make venv installs it)")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    parts = ["mindocr_shipped", *module.split(".")]
+    for depth in range(1, len(parts)):
+        name = ".".join(parts[:depth])
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(root.joinpath(*parts[1:depth]))]
+            sys.modules[name] = package
+    name = ".".join(parts)
+    if name not in sys.modules:
+        path = root.joinpath(*parts[1:]).with_suffix(".py")
+        loaded = importlib.util.spec_from_file_location(name, path)
+        module_object = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module_object
+        loaded.loader.exec_module(module_object)
+    return sys.modules[name]
+
+
+def _classes(suite: str) -> tuple[type, type | None]:
+    """(the suite's train cell class, its EMA class or None)."""
+    if suite == "mindone":
+        from mindone.trainers import EMA, TrainOneStepWrapper
+
+        return TrainOneStepWrapper, EMA
+    if suite == "mindcv":
+        from mindcv.utils.train_step import TrainStep
+
+        return TrainStep, None  # its EMA is a flag of TrainStep
+    if suite == "mindocr":
+        wrapper = load_mindocr("utils.train_step_wrapper").TrainOneStepWrapper
+        return wrapper, load_mindocr("utils.ema").EMA
+    raise ValueError(suite)
+
+
+def _on_cpu(cls: type) -> type:
+    """``cls`` with its NPU float-status overflow check done by ``amp.all_finite``."""
+
+    class CpuOverflowCheck(cls):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.is_cpu_device = False  # mindone, MindOCR: run the check they skip on CPU
+
+        def start_overflow_check(self, pre_cond, compute_input):
+            return Tensor([0] * 8, ms.int32), compute_input
+
+        def get_overflow_status(self, status, compute_output):
+            return ops.logical_not(all_finite(compute_output))
+
+    CpuOverflowCheck.__name__ = cls.__name__
+    return CpuOverflowCheck
+
+
+def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case: Any) -> nn.Cell:
+    """The suite's train cell for ``case.scaling`` (none, static, dynamic, clip,
+    accumulate, ema), with the harness's constants (scale, clip norm, micro-batches)."""
+    from tests.conformance import harness as h
+
+    cls, ema_cls = _classes(suite)
+    scaling = case.scaling
+    if scaling == "dynamic":
+        cls = _on_cpu(cls)
+        scale: Any = nn.DynamicLossScaleUpdateCell(
+            h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW
+        )
+    else:
+        scale = Tensor(h.STATIC_SCALE if scaling == "static" else 1.0, ms.float32)
+    network = nn.WithLossCell(net, loss_fn)
+    accumulate = h.MICRO if scaling == "accumulate" else 1
+    clip = scaling == "clip"
+    if suite == "mindcv":
+        return cls(
+            network, optimizer, scale_sense=scale, ema=scaling == "ema", ema_decay=0.9,
+            clip_grad=clip, clip_value=h.CLIP, gradient_accumulation_steps=accumulate,
+        )  # fmt: skip
+    ema = ema_cls(net, ema_decay=0.9) if scaling == "ema" else None
+    return cls(
+        network, optimizer, scale_sense=scale, ema=ema, drop_overflow_update=True,
+        gradient_accumulation_steps=accumulate, clip_grad=clip, clip_norm=h.CLIP,
+    )  # fmt: skip

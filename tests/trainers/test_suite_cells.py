@@ -1,0 +1,42 @@
+"""The suites' own train cells as they ship, monitored unchanged, against unmonitored
+twins (``tests/conformance/harness.check``: bit-identical weights and optimizer state,
+exact loss and lr, grad_norm by the contract, loss scale and overflow, no alert):
+
+* mindone 0.5.0's ``TrainOneStepWrapper`` with its default optimizer (``adamw_re``, which
+  is MindCV's AdamW: ``get_lr()`` moves ``global_step``; the double step and the
+  ``Gather`` crash of issue 32), driven by hand under ``mon.watch()`` and by
+  ``Model.train`` with ``mon.callback()``: no scaling, a static and a dynamic loss scale
+  (with an injected overflow), clipping, accumulation over 2 micro-batches, EMA;
+* MindCV 0.3.0's ``TrainStep`` (what ``create_trainer`` builds for clipping, EMA and
+  accumulation) under ``Model.train``;
+* MindOCR 0.5.0's ``TrainOneStepWrapper``, loaded from its installed files (the package
+  does not import on MindSpore 2.10), under ``Model.train`` and by hand.
+
+See ``tests/conformance/suites.py`` for how each is built, and the one stand-in (the NPU
+overflow check, done with ``amp.all_finite`` on the CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance.harness import Case, check, run_case
+
+SCALINGS = ("none", "static", "dynamic", "clip", "accumulate", "ema")
+
+CASES = [
+    *(
+        Case("mindone:adamw_re", loop, "list", s, suite="mindone")
+        for loop in ("cell", "model")
+        for s in SCALINGS
+    ),
+    *(Case("mindcv:adamw", "model", "list", s, suite="mindcv") for s in SCALINGS),
+    *(Case("mindcv:adamw", "model", "schedule", s, suite="mindocr") for s in SCALINGS),
+    Case("mindcv:lion", "cell", "list", "accumulate", 3, suite="mindocr"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_suite_train_cell_is_untouched_and_seen(case, tmp_path):
+    plain, monitored = run_case(case, tmp_path)
+    check(case, plain, monitored)
