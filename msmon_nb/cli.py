@@ -21,10 +21,11 @@ def _age(seconds: float | None) -> str:
 
 
 def _ranks_cell(summary: dict) -> str:
-    """``0`` for one rank; ``0:120 1:118(interrupted)`` (rank:last step) for several."""
+    """``-`` for a single-process run (a ``0`` there read as "no ranks"); for a
+    distributed one each rank with its last step, ``0:120 1:118(interrupted)``."""
     last = summary.get("rank_last_step") or {}
-    if len(last) <= 1:
-        return ",".join(map(str, summary["ranks"]))
+    if not summary.get("distributed"):
+        return "-"
     status = summary.get("rank_status") or {}
     cells = []
     for rank, step in last.items():

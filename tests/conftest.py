@@ -40,6 +40,37 @@ def python():
     return run_python
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Release what can be released, and keep MindSpore's exit-time ``Cell.__del__``
+    errors out of the log.
+
+    Cells still alive when the interpreter exits are deleted after the globals of
+    ``mindspore.nn.cell`` were cleared, so ``Cell.__del__`` (``Cell.total_instance_count
+    -= 1``) raises ``AttributeError: 'NoneType' object has no attribute
+    'total_instance_count'`` for each: ~300-1,200 five-line "Exception ignored in" blocks
+    after pytest's summary, which then reads as a failure. Only that one message, from
+    that one method, is dropped, and only in this test process; every other exception
+    ignored at exit is printed as before."""
+    import gc
+
+    gc.collect()
+    cell = sys.modules.get("mindspore.nn.cell")
+    if cell is None:
+        return
+
+    # defaults, not globals: at interpreter exit this module's globals are gone too
+    def quiet(unraisable, _default=sys.unraisablehook, _del=cell.Cell.__del__, _err=AttributeError):
+        if (
+            unraisable.exc_type is _err
+            and unraisable.object is _del
+            and "total_instance_count" in str(unraisable.exc_value)
+        ):
+            return
+        _default(unraisable)
+
+    sys.unraisablehook = quiet
+
+
 @pytest.fixture(autouse=True)
 def _execution_mode_restored():
     """Every test ends in PyNative mode (MindSpore's default) unless it began in another:

@@ -33,6 +33,7 @@ from msmon_nb.rundir.layout import (
     find_run_dirs,
     is_run_dir,
     rank_markers,
+    rank_of_dir,
     read_marker_file,
     read_run_jsonl,
     run_files,
@@ -294,6 +295,15 @@ class Run:
         return sorted({state.rank for state in self._files.values()}) or [0]
 
     @property
+    def distributed(self) -> bool:
+        """Whether the run was written by several processes (``rank_<k>`` dirs, or files
+        of more than one rank)."""
+        self._discover()
+        return any(rank_of_dir(p.parent.name) is not None for p in self._files) or (
+            len(self.file_ranks()) > 1
+        )
+
+    @property
     def ranks(self) -> list[int]:
         """Ranks that wrote files into the run (``[0]`` for single-process runs)."""
         self._load()
@@ -502,6 +512,7 @@ class Run:
             "last_write": self.last_write,
             "status": self.status,
             "ranks": self.ranks,
+            "distributed": self.distributed,
             "rank_last_step": {str(k): v for k, v in self.rank_last_step().items()},
             "rank_status": {str(k): v for k, v in self.rank_status().items()},
             "problems": [str(p) for p in self.problems],

@@ -31,7 +31,10 @@ class MonitorMagics(Magics):
     @magic_arguments.magic_arguments()
     @magic_arguments.argument("--dir", default=None, help="summary base dir (default ./summary)")
     @magic_arguments.argument(
-        "--run", default=None, help="run name (default <model>_<date>_<time>)"
+        "--run",
+        default=None,
+        help="run name (default run_<date>_<time>; <model_name>_<date>_<time> when the "
+        "--config YAML sets model_name)",
     )
     @magic_arguments.argument("--freq", type=int, default=None, help="collect every N steps")
     @magic_arguments.argument("--config", default=None, help="monitor_config YAML file")

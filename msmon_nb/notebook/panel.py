@@ -253,13 +253,18 @@ class Panel:
         elif now - mark[0] >= 1.0:  # steps/s over the last second or more
             self._rate = (count - mark[1]) / (now - mark[0])
             self._rate_mark = (now, count)
+        elapsed = now - self._started
         status.update(
             step=monitor.last_step,
-            elapsed=now - self._started,
+            elapsed=elapsed,
             rate=self._rate,
             freq=monitor.collect_freq,
             paused=monitor.paused,
         )
+        if not self.live and elapsed > 0:
+            # a finished run is described by its own rate; ``rate`` (its last second or
+            # so) is shown beside it, named, not in its place
+            status["mean_rate"] = count / elapsed
         if monitor.paused and self.state == "running":
             status["state"] = "paused"
         return status

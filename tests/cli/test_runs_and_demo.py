@@ -56,8 +56,15 @@ def test_runs_json_lists_every_run(tmp_path):
 def test_runs_table_and_missing_base(tmp_path):
     with EventWriter(tmp_path / "r1") as writer:
         writer.add_scalar("x", 1.0, 3)
+    for rank in (0, 1):  # a two-rank job: one dir per rank
+        with EventWriter(tmp_path / "job" / f"rank_{rank}", rank=rank) as writer:
+            writer.add_scalar("x", 1.0, 5 + rank)
     table = msmon("runs", str(tmp_path)).stdout
-    assert "r1" in table and "finished" in table and "3" in table
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    assert rows["r1"][1:5] == ["finished", "3", "1", "1"]
+    # ranks: "-" for one process (a "0" there read as "zero ranks"), each rank for a job
+    assert rows["r1"][5] == "-"
+    assert "0:5 1:6" in table
     missing = msmon("runs", str(tmp_path / "nope"), check=False)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 

@@ -234,7 +234,10 @@ def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path
             ".some(e => e.dataset.lastStep === '59')",
             timeout=60_000,
         )
-        assert "finished" in page.locator(".msmon-status").first.inner_text()
+        status = page.locator(".msmon-status").first.inner_text()
+        assert "finished" in status
+        # the run's own rate, the last second's named beside it (issue 36)
+        assert re.search(r"[\d.]+ steps/s over the run · [\d.]+ in its last second", status)
         row = page.locator(".msmon-snapshots tr[data-snapshot='fc.grad']")
         assert row.count() == 1 and row.locator("svg.msmon-hist rect").count() > 5
 

@@ -1,6 +1,7 @@
 """%%msmonitor in a real kernel: notebooks, errors, reruns, line forms, show, last_run."""
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -148,6 +149,7 @@ def test_help_and_line_forms(tmp_path):
             "%msmonitor status",
             "%msmonitor freq 5",
             "%msmonitor bogus",
+            loop(f"%%msmonitor --dir {tmp_path / 'named'} --no-panel", 2),
         ],
         tmp_path,
         allow_errors=True,
@@ -155,6 +157,10 @@ def test_help_and_line_forms(tmp_path):
     help_text = text_of(nb.cells[1])
     for option in ("--dir", "--run", "--freq", "--config", "--break-on", "--no-panel"):
         assert option in help_text, option
+    # the default run name is what the help says it is
+    assert "default run_<date>_<time>" in " ".join(help_text.split())
+    (named,) = [p.name for p in (tmp_path / "named").iterdir()]
+    assert re.fullmatch(r"run_\d{8}_\d{6}", named), named
     assert "no monitored cell" in text_of(nb.cells[2])
     assert "run lines (finished)" in text_of(nb.cells[4])
     assert "no monitored training is running" in text_of(nb.cells[5])

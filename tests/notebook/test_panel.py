@@ -65,6 +65,29 @@ def test_updates_throttled_to_refresh_and_only_new_points(tmp_path):
     assert statuses == sorted(statuses) and statuses[-1] >= 95
 
 
+def test_a_finished_panel_shows_the_runs_mean_rate_beside_its_last_second(tmp_path):
+    """60 steps/s for 5 s, then 6 steps/s for 3 s: the finished status says ~40 steps/s
+    over the run (what the run did), with the last window's rate named beside it."""
+    clock = FakeClock()
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        panel = Panel("t", str(mon.run_dir), refresh=0.5, clock=clock)
+        rec = Recorder(panel)
+        panel.attach(mon)
+        for i in range(300):
+            clock.now += 1 / 60
+            mon.step(loss=1.0 / (i + 1))
+        running = rec.messages[-1][0]["status"]
+        assert "mean_rate" not in running and running["rate"] > 55
+        for i in range(300, 318):  # the last 3 s: 6 steps a second
+            clock.now += 1 / 6
+            mon.step(loss=1.0 / (i + 1))
+        panel.finish("finished")
+    final = rec.messages[-1][0]["status"]
+    assert final["state"] == "finished"
+    assert abs(final["mean_rate"] - 318 / 8.0) < 0.5
+    assert 5 < final["rate"] < 8
+
+
 def test_page_messages_drive_the_monitor(tmp_path):
     with Monitor(save_dir=str(tmp_path)) as mon:
         panel = Panel("t", str(mon.run_dir))

@@ -256,7 +256,10 @@ class Panel {
     if (s.live && s.state === "running") elapsed += (performance.now() - this.statusAt) / 1000;
     const parts = [`step ${s.step == null ? "-" : s.step}`];
     if (s.elapsed != null) parts.push(fmtSecs(elapsed));
-    if (s.rate != null) parts.push(`${s.rate.toFixed(1)} steps/s`);
+    if (s.mean_rate != null) {
+      parts.push(`${s.mean_rate.toFixed(1)} steps/s over the run`);
+      if (s.rate != null) parts.push(`${s.rate.toFixed(1)} in its last second`);
+    } else if (s.rate != null) parts.push(`${s.rate.toFixed(1)} steps/s`);
     if (s.freq != null) parts.push(`every ${s.freq} steps`);
     if (s.note) parts.push(s.note);
     this.statusEl.replaceChildren(
