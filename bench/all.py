@@ -58,7 +58,9 @@ BENCHES = (
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
     Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every")),
     Bench("relay", (), ("--series", "3", "--steps", "20000")),
-    Bench("panel", (), ("--blocks", "1", "--secs", "2", "--points", "20000")),
+    # 200 k points: long enough (~2 s) that the page samples the cell while it runs, also
+    # beside make test in CI (20 k could end before the page drew it running)
+    Bench("panel", (), ("--blocks", "1", "--secs", "2", "--points", "200000")),
     Bench("viewer", ("--no-mindinsight", "--data", str(CACHE / "viewer")),
           ("--no-mindinsight", "--runs", "5", "--steps", "2000", "--repeat", "2")),
     Bench("ranks", ("--data", str(CACHE / "ranks")),

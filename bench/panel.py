@@ -184,6 +184,11 @@ def browser_side(points: int) -> None:
     scalars = run.scalars("train/loss")
     walls = dict(zip(scalars.steps.tolist(), scalars.wall_times.tolist(), strict=True))
     live = [s for s in samples if "running" in s["status"]]
+    if not live:
+        raise SystemExit(
+            f"the cell ended before the page showed it running ({len(samples)} samples, "
+            f"{points} points): raise --points"
+        )
     # the step number, not the clock the page ticks by itself
     steps = [(s["wall"], s["status"].split("step ", 1)[-1].split(" ", 1)[0]) for s in live]
     changes = [b[0] for a, b in itertools.pairwise(steps) if a[1] != b[1]]

@@ -116,6 +116,7 @@ class Arm:
     scales: list[float] = field(default_factory=list)
     norms: list[float | None] = field(default_factory=list)  # plain arm: the reference
     micro: list[float] = field(default_factory=list)  # plain arm: largest micro-batch norm
+    weights: list[dict] = field(default_factory=list)  # plain arm: at each step's start
     state: dict[str, np.ndarray] = field(default_factory=dict)
     run: Any = None
     alerts: list = field(default_factory=list)
@@ -201,33 +202,43 @@ def pynative() -> Iterator[None]:
 # --- the float64 reference ---------------------------------------------------------------
 
 
-class Reference:
-    """The gradient of the unscaled loss for given batches, with the weights as they are;
-    ``windows``: the batches to take at each step instead of the step's own."""
+def reference_norms(weights: list[dict], windows: list[list]) -> tuple[list, list]:
+    """For each step: (norm of the mean gradient of the unscaled loss over its batches,
+    largest norm of one batch's), in float64, with the weights the step started from.
 
-    def __init__(self, net: nn.Cell, windows: list | None = None) -> None:
+    Taken after the plain run, in PyNative on a fresh copy of the model that is given each
+    step's weights: no graph to compile (in a graph-mode case it would be a third), and
+    the plain run itself is only ever trained."""
+    with pynative():
+        net = network()
+        params = {p.name: p for p in net.trainable_params()}
         loss_fn = loss_function()
-        self.params = net.trainable_params()
-        self.windows = windows
-        self.taken = 0
 
         def forward(x, y):
             return loss_fn(net(x), y)
 
-        self.grad = ms.value_and_grad(forward, None, self.params)
+        grad = ms.value_and_grad(forward, None, list(params.values()))
+        norms, largest = [], []
+        for step_weights, micro in zip(weights, windows, strict=True):
+            for name, value in step_weights.items():
+                # a suite's cells may prefix the names (MindCV's accumulation cell holds
+                # the optimizer: "optimizer.0.weight")
+                (own,) = [n for n in params if name == n or name.endswith("." + n)]
+                params[own].set_data(Tensor(value))
+            norm, big = _norm(grad, micro)
+            norms.append(norm)
+            largest.append(big)
+    return norms, largest
 
-    def norm(self, micro: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
-        """(norm of the mean gradient of the batches, largest norm of one batch's)."""
-        if self.windows is not None:
-            micro = self.windows[self.taken]
-        self.taken += 1
-        total, largest = None, 0.0
-        for x, y in micro:
-            _, grads = self.grad(Tensor(x), Tensor(y))
-            arrays = [g.asnumpy().astype(np.float64) for g in grads]
-            largest = max(largest, math.sqrt(sum(float((a * a).sum()) for a in arrays)))
-            total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
-        return math.sqrt(sum(float(((g / len(micro)) ** 2).sum()) for g in total)), largest
+
+def _norm(grad: Callable, micro: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    total, largest = None, 0.0
+    for x, y in micro:
+        _, grads = grad(Tensor(x), Tensor(y))
+        arrays = [g.asnumpy().astype(np.float64) for g in grads]
+        largest = max(largest, math.sqrt(sum(float((a * a).sum()) for a in arrays)))
+        total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
+    return math.sqrt(sum(float(((g / len(micro)) ** 2).sum()) for g in total)), largest
 
 
 # --- the steps users write ---------------------------------------------------------------
@@ -373,40 +384,42 @@ def _train(case: Case, save_dir: Any) -> Arm:
     params, lr = lr_argument(case.lr, net.trainable_params())
     optimizer = BUILD[case.optimizer].build(params, lr)
     arm = Arm()
-    reference = Reference(net) if save_dir is None else None
+    plain = save_dir is None
     micro = MICRO if case.scaling == "accumulate" and case.loop in ("pynative", "jit") else 1
     data = batches(STEPS * micro, poison=case.scaling == "dynamic")
     steps = [data[i * micro : (i + 1) * micro] for i in range(STEPS)]
+    windows = steps
     if case.scaling == "accumulate" and micro == 1:
         # a cell accumulating across calls applies, on every MICRO-th, the mean gradient
         # of that call's batch and the ones before it since the last update
         windows = [data[i - i % MICRO : i + 1] for i in range(STEPS)]
-        reference = reference and Reference(net, windows)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if case.loop == "model":
-            cells = _train_model(case, net, optimizer, steps, arm, reference, save_dir)
+            cells = _train_model(case, net, optimizer, steps, arm, plain, save_dir)
         else:
-            cells = _train_loop(case, net, optimizer, steps, arm, reference, save_dir)
+            cells = _train_loop(case, net, optimizer, steps, arm, plain, save_dir)
     arm.warnings = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
     arm.state = state_of(net, optimizer, *cells)
+    if plain:
+        arm.norms, arm.micro = reference_norms(arm.weights, windows)
     return arm
 
 
-def _before_step(case, i, optimizer, micro, arm, reference, scale) -> list:
+def _before_step(case, i, optimizer, arm, plain, scale) -> list:
     """What a step starts from: the by-hand lr change, and (plain arm) the form's lr, the
-    reference norm and the loss scale in force. Returns the weights, to see them move."""
+    weights (for the reference norms) and the loss scale in force. Returns the weights,
+    to see them move."""
     if case.lr == "parameter" and i == LR_CHANGED_AT:
         set_lr(optimizer, LR_CHANGED_TO)
-    if reference is not None:
+    weights = [p.asnumpy().copy() for p in optimizer.parameters]
+    if plain:
         arm.lrs.append(form_lr(case.lr, i, global_step(optimizer)))
-        norm, largest = reference.norm(micro)
-        arm.norms.append(norm)
-        arm.micro.append(largest)
+        arm.weights.append({p.name: w for p, w in zip(optimizer.parameters, weights, strict=True)})
     held = getattr(scale, "scale_sense", None)  # a train cell's; an amp scaler's:
     held = getattr(scale, "scale_value", None) if held is None else held
     arm.scales.append(float(held.asnumpy()) if held is not None else 1.0)
-    return [p.asnumpy().copy() for p in optimizer.parameters]
+    return weights
 
 
 def _after_step(case, out, weights, optimizer, arm) -> None:
@@ -430,7 +443,7 @@ def train_cell(case, net, optimizer) -> nn.Cell:
     return TrainCell(net, optimizer, case.scaling)
 
 
-def _train_loop(case, net, optimizer, steps, arm, reference, save_dir) -> list:
+def _train_loop(case, net, optimizer, steps, arm, plain, save_dir) -> list:
     """The three loops under ``mon.watch()`` (unmonitored when ``save_dir`` is None)."""
     if case.loop == "cell":
         step = scale = train_cell(case, net, optimizer)
@@ -440,7 +453,7 @@ def _train_loop(case, net, optimizer, steps, arm, reference, save_dir) -> list:
         watch = mon.watch() if mon is not None else _nothing()
         with watch:
             for i, micro in enumerate(steps):
-                weights = _before_step(case, i, optimizer, micro, arm, reference, scale)
+                weights = _before_step(case, i, optimizer, arm, plain, scale)
                 out = step(*[Tensor(a) for pair in micro for a in pair])
                 _after_step(case, out, weights, optimizer, arm)
     return [scale] if scale is not None else []
@@ -449,24 +462,22 @@ def _train_loop(case, net, optimizer, steps, arm, reference, save_dir) -> list:
 class _Steps(Callback):
     """The plain arm's record of a ``Model.train`` step (and the by-hand lr change)."""
 
-    def __init__(self, case, optimizer, steps, arm, reference, cell) -> None:
+    def __init__(self, case, optimizer, arm, plain, cell) -> None:
         super().__init__()
-        self.case, self.optimizer, self.steps = case, optimizer, steps
-        self.arm, self.reference, self.cell = arm, reference, cell
+        self.case, self.optimizer = case, optimizer
+        self.arm, self.plain, self.cell = arm, plain, cell
         self.weights: list = []
 
     def on_train_step_begin(self, run_context):
         i = run_context.original_args().cur_step_num - 1
-        self.weights = _before_step(
-            self.case, i, self.optimizer, self.steps[i], self.arm, self.reference, self.cell
-        )
+        self.weights = _before_step(self.case, i, self.optimizer, self.arm, self.plain, self.cell)
 
     def on_train_step_end(self, run_context):
         out = run_context.original_args().net_outputs
         _after_step(self.case, out, self.weights, self.optimizer, self.arm)
 
 
-def _train_model(case, net, optimizer, steps, arm, reference, save_dir) -> list:
+def _train_model(case, net, optimizer, steps, arm, plain, save_dir) -> list:
     if case.scaling == "none" and not case.suite:
         model = Model(net, loss_function(), optimizer)
         cell = None
@@ -477,7 +488,7 @@ def _train_model(case, net, optimizer, steps, arm, reference, save_dir) -> list:
     y = np.concatenate([m[0][1] for m in steps])
     dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
     with _monitored(save_dir, case.freq, arm) as mon:
-        callbacks = [_Steps(case, optimizer, steps, arm, reference, cell)]
+        callbacks = [_Steps(case, optimizer, arm, plain, cell)]
         if mon is not None:
             callbacks.append(mon.callback())
         model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
