@@ -13,6 +13,7 @@ on the tuning set (``bench/detect_score.py`` says how, and how it counts).
     GLOG_v=3 python bench/detect.py            # replay both sets, retrain 4 runs to check the file
     GLOG_v=3 python bench/detect.py --smoke    # replay, retrain 1 run (CI, <= 30 s)
     GLOG_v=3 python bench/detect.py --regen    # retrain every run, rewrite the frozen file
+    GLOG_v=3 python bench/detect.py --freeze-new   # train only the runs the file lacks
     options: --only PREFIX (runs), --verbose (every alert), --json PATH (results)
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 os.environ.setdefault("GLOG_v", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.detect_data import FROZEN, SETS, freeze, specs_of, thaw, trained
+from bench.detect_data import FROZEN, SETS, freeze, specs_of, thaw, trained, with_frozen
 from bench.detect_runs import train
 from bench.detect_score import (
     LEGEND,
@@ -48,6 +49,7 @@ CHECK_RUNS = (
     "t-adam-spike-regress-conv",
     "t-healthy-adamw95-warmup_linear-b16-blobs-transformer-s214",
     "slow-div-sgd-1.04",
+    "cv-memorise-mlp-adam-regress-s303",
 )
 
 
@@ -99,13 +101,21 @@ def main() -> None:
     parser.add_argument(
         "--freeze-cache", action="store_true", help="refreeze from bench/.cache (train missing)"
     )
+    parser.add_argument(
+        "--freeze-new", action="store_true", help="train the runs the frozen file lacks, refreeze"
+    )
     parser.add_argument("--smoke", action="store_true", help="CI size: retrain one run")
     parser.add_argument("--only", default="", help="runs whose name starts with this")
     parser.add_argument("--verbose", action="store_true", help="every run's alerts")
     parser.add_argument("--json", type=Path, help="write the per-kind results here")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    if args.regen or args.freeze_cache:
+    if args.freeze_new:
+        t = time.perf_counter()
+        size = freeze(with_frozen())
+        print(f"new runs trained in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        print(f"froze {FROZEN} ({size / 1e6:.2f} MB)", file=sys.stderr)
+    elif args.regen or args.freeze_cache:
         runs = {}
         for which in SETS:
             t = time.perf_counter()

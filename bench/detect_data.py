@@ -24,21 +24,21 @@ from typing import Any
 
 import numpy as np
 
-from bench.detect_runs import Spec, lr_list, test_specs, train, tuning_specs
+from bench.detect_runs import Spec, converged_specs, lr_list, test_specs, train, tuning_specs
 
 ROOT = Path(__file__).resolve().parent
 CACHE = ROOT / ".cache" / "detect"
 FROZEN = ROOT / "data" / "detect_curves.json.gz"
 FORMAT = 1
-SETS = ("tuning", "test")
+SETS = ("tuning", "test", "converged")
 MOMENT_SUFFIX = "/moment2_norm"
 
 Curves = dict[str, Any]  # loss, grad_norm, lr, data, compute: lists; opt: {tag: list}
 
 
 def specs_of(which: str) -> list[Spec]:
-    """The specs of the ``tuning`` or ``test`` set."""
-    return tuning_specs() if which == "tuning" else test_specs()
+    """The specs of the ``tuning``, ``test`` or ``converged`` set."""
+    return {"tuning": tuning_specs, "test": test_specs, "converged": converged_specs}[which]()
 
 
 def timed(spec: Spec) -> bool:
@@ -56,6 +56,26 @@ def trained(spec: Spec, regen: bool = False) -> Curves:
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
     return rec
+
+
+def with_frozen(path: Path = FROZEN) -> dict[str, list[tuple[Spec, Curves]]]:
+    """Every set's curves, taken from the frozen file where it holds the very same run
+    and trained (through the cache) where it does not: adding runs to a set retrains
+    only them."""
+    frozen = thaw(path) if path.exists() else {}
+    known = {
+        (which, spec.name, spec.key()): rec
+        for which, pairs in frozen.items()
+        for spec, rec in pairs
+    }
+    out = {}
+    for which in SETS:
+        pairs = []
+        for spec in specs_of(which):
+            rec = known.get((which, spec.name, spec.key()))
+            pairs.append((spec, rec if rec is not None else trained(spec)))
+        out[which] = pairs
+    return out
 
 
 def _pack(values: Iterable[float], dtype: str) -> str:

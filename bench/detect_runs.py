@@ -1,15 +1,20 @@
 """The runs of the detection benchmark: what each trains, what goes wrong, and the training.
 
-Two sets, both real CPU MindSpore training with a failure scripted at a known step:
+Three sets, all real CPU MindSpore training, with a failure scripted at a known step or
+healthy:
 
 * ``tuning_specs()``: the 67 runs the alert rules were designed on (tiny MLPs, SGD,
   Momentum, Adam, AdamWeightDecay), frozen as they were when issue 25 was filed, plus the
-  ``adam_spike`` runs added with the ``adam_v_stale`` rule (which was tuned on them).
+  ``adam_spike`` runs added with the ``adam_v_stale`` rule (which was tuned on them) and
+  8 healthy runs that converge (issue 36: linear regression, memorising and separable
+  MLPs, fine-tuning).
 * ``test_specs()``: the held-out set, fixed before any further tuning: other models (a
   small conv net and a small transformer block, next to the MLP), other optimizers
   (Nesterov momentum, RMSProp, AdamWeightDecay with beta2 0.95), other schedules (warmup
   + linear decay, exponential decay), batch sizes 16 and 64, other seeds and failure
   rates. Nothing in ``msmon_nb.diagnose`` may be tuned on it.
+* ``converged_specs()``: a held-out set of healthy runs that converge (issue 36), chosen
+  before the rules learned about convergence, never tuned on.
 
 ``train(spec)`` returns per step: loss, grad_norm (global L2 norm of what the optimizer
 received), lr, data and compute seconds, and for Adam-family optimizers the L2 norm of
@@ -49,7 +54,8 @@ class Spec:
     name: str
     failure: str | None = None
     onset: int | None = None  # first step whose recorded values show the failure
-    task: str = "blobs"  # blobs (3 classes, cross-entropy) | regress (MSE) | sigmoid
+    # blobs (3 classes, cross-entropy) | regress (MSE) | sigmoid | linear (noiseless x @ w, MSE)
+    task: str = "blobs"
     opt: str = "momentum"  # sgd | momentum | nesterov | adam | adamw | adamw95 | rmsprop
     lr: float = 0.05
     schedule: str = "constant"  # constant | warmup_cosine | step | warmup_linear | exp
@@ -58,8 +64,11 @@ class Spec:
     seed: int = 0
     at: int = 0  # the step the failure is injected at
     rate: float = 1.0  # growth per step (lr ramp, gradient-scale ramp), lr jump factor
+    # sleep (data stall), q/back/ramp/beta2 (adam spike); converged runs: samples (a
+    # set to memorise), sep (blob centres x sep: separable), pretrain ({steps, opt, lr}:
+    # trained first, unrecorded), shift (fine-tuning targets from w + shift x another w)
     extra: dict = field(default_factory=dict)
-    model: str = "mlp"  # mlp | conv | transformer
+    model: str = "mlp"  # mlp | conv | transformer | linear
 
     def key(self) -> str:
         """A hash of the definition: cached curves belong to exactly this run."""
@@ -214,9 +223,34 @@ def frozen_tuning_specs() -> list[Spec]:
     return out
 
 
+def _converged_tuning_specs() -> list[Spec]:
+    """Healthy runs that converge (issue 36): the loss falls by orders of magnitude and
+    the gradients shrink with it. MLP and linear models only, as the rest of the
+    tuning set."""
+    mem, ft = {"samples": 64}, {"steps": 600, "lr": 0.02, "opt": "momentum"}
+    return [
+        Spec("converged-linreg-sgd-s50", task="linear", model="linear", opt="sgd", lr=0.05,
+             steps=400, seed=50),
+        Spec("converged-linreg-adam-s51", task="linear", model="linear", opt="adam",
+             lr=1e-2, steps=600, seed=51),
+        Spec("converged-memorise-adam-regress-s52", task="regress", opt="adam", lr=1e-2,
+             steps=1000, batch=16, seed=52, extra=mem),
+        Spec("converged-memorise-momentum-blobs-s53", opt="momentum", lr=0.05, steps=1000,
+             batch=16, seed=53, extra=mem),
+        Spec("converged-separable-sgd-s54", opt="sgd", lr=0.1, steps=600, seed=54,
+             extra={"sep": 4.0}),
+        Spec("converged-separable-adam-s55", opt="adam", lr=1e-2, steps=600, seed=55,
+             extra={"sep": 3.0}),
+        Spec("converged-finetune-momentum-regress-s56", task="regress", opt="momentum",
+             lr=0.005, steps=600, seed=56, extra={"shift": 0.5, "pretrain": ft}),
+        Spec("converged-finetune-adamw-blobs-s57", opt="adamw", lr=1e-3, steps=600, seed=57,
+             extra={"shift": 1.0, "pretrain": {"steps": 600, "lr": 5e-3, "opt": "adamw"}}),
+    ]  # fmt: skip
+
+
 def tuning_specs() -> list[Spec]:
-    """The tuning set: the frozen 67 runs plus the ``adam_spike`` runs of the
-    ``adam_v_stale`` rule."""
+    """The tuning set: the frozen 67 runs, the ``adam_spike`` runs of the
+    ``adam_v_stale`` rule, and the converged runs of issue 36."""
     return [
         *frozen_tuning_specs(),
         _adam_spike("adam-spike-regress-s0", 0),
@@ -226,6 +260,7 @@ def tuning_specs() -> list[Spec]:
         # gradients coming back over 20-30 steps: grad_norm rises steadily, no jump
         _adam_spike("adam-spike-ramp-regress-s4", 4, ramp=20),
         _adam_spike("adam-spike-ramp-blobs-s5", 5, task="blobs", ramp=30),
+        *_converged_tuning_specs(),
     ]
 
 
@@ -301,6 +336,48 @@ def test_specs() -> list[Spec]:
     return out
 
 
+def converged_specs() -> list[Spec]:
+    """The held-out converged set (issue 36; seeds 300+), healthy runs only, chosen and
+    frozen before the rules learned about convergence: noiseless linear regression to
+    machine precision, an MLP, a conv net and a transformer block memorising 64 samples,
+    classification of separable blobs to ~0 loss, fine-tuning trained weights on a
+    related task at a small lr. Nothing in ``msmon_nb.diagnose`` may be tuned on it."""
+    mem = {"samples": 64}
+    return [
+        Spec("cv-linreg-sgd-s300", task="linear", model="linear", opt="sgd", lr=0.1,
+             steps=400, seed=300),
+        Spec("cv-linreg-momentum-b64-s301", task="linear", model="linear", opt="momentum",
+             lr=0.02, steps=500, batch=64, seed=301),
+        Spec("cv-linreg-adam-b16-s302", task="linear", model="linear", opt="adam", lr=3e-3,
+             steps=800, batch=16, seed=302),
+        Spec("cv-memorise-mlp-adam-regress-s303", task="regress", opt="adam", lr=1e-2,
+             steps=1000, batch=16, seed=303, extra=mem),
+        Spec("cv-memorise-mlp-rmsprop-blobs-s304", opt="rmsprop", lr=3e-3, steps=1000,
+             batch=16, seed=304, extra=mem),
+        Spec("cv-memorise-conv-adam-regress-s305", task="regress", model="conv", opt="adam",
+             lr=3e-3, steps=1000, batch=16, seed=305, extra=mem),
+        Spec("cv-memorise-conv-nesterov-blobs-s306", model="conv", opt="nesterov", lr=0.03,
+             steps=1000, batch=16, seed=306, extra=mem),
+        Spec("cv-memorise-transformer-adam-blobs-s307", model="transformer", opt="adam",
+             lr=3e-3, steps=1000, batch=16, seed=307, extra=mem),
+        Spec("cv-separable-mlp-nesterov-s308", opt="nesterov", lr=0.03, steps=600, seed=308,
+             extra={"sep": 4.0}),
+        Spec("cv-separable-transformer-adamw95-s309", model="transformer", opt="adamw95",
+             lr=3e-3, steps=600, seed=309, extra={"sep": 3.0}),
+        Spec("cv-finetune-mlp-sgd-regress-s310", task="regress", opt="sgd", lr=0.01,
+             steps=600, seed=310,
+             extra={"shift": 0.3, "pretrain": {"steps": 600, "lr": 1e-2, "opt": "adam"}}),
+        Spec("cv-finetune-conv-momentum-blobs-s311", model="conv", opt="momentum", lr=3e-3,
+             steps=600, seed=311,
+             extra={"shift": 1.0, "pretrain": {"steps": 400, "lr": 3e-3, "opt": "adam"}}),
+    ]  # fmt: skip
+
+
+def is_converged(spec: Spec) -> bool:
+    """Whether ``spec`` is one of the converged healthy runs of issue 36."""
+    return spec.name.startswith(("converged-", "cv-"))
+
+
 def lr_list(spec: Spec) -> list[float]:
     """The per-step learning rate the optimizer is given (schedule, then the failure)."""
     n, lr = spec.steps, spec.lr
@@ -326,27 +403,44 @@ def lr_list(spec: Spec) -> list[float]:
     return out
 
 
-def _data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
-    """Synthetic inputs and targets; the MLP's draws are those of the frozen tuning set."""
-    n = 2048
-    features = {"mlp": 8, "conv": 64, "transformer": 32}[spec.model]
-    x = rng.normal(size=(n, features)).astype(np.float32)
-    if spec.task == "regress":
+def _data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, tuple]:
+    """Synthetic inputs, targets, output width, and the (inputs, targets) of the
+    pretraining phase (the same unless ``shift``); the MLP's draws are those of the
+    frozen tuning set."""
+    n = spec.extra.get("samples", 2048)
+    shift = spec.extra.get("shift")
+    features = {"mlp": 8, "linear": 8, "conv": 64, "transformer": 32}[spec.model]
+    x = x_pre = rng.normal(size=(n, features)).astype(np.float32)
+    if spec.task in ("regress", "linear"):
         w = rng.normal(size=(features, 1)).astype(np.float32) / math.sqrt(features / 8)
-        y = (np.tanh(x @ w) + 0.1 * rng.normal(size=(n, 1))).astype(np.float32)
+
+        def targets(w: np.ndarray) -> np.ndarray:
+            if spec.task == "linear":
+                return (x @ w).astype(np.float32)
+            return (np.tanh(x @ w) + 0.1 * rng.normal(size=(n, 1))).astype(np.float32)
+
+        y = y_pre = targets(w)
+        if shift is not None:  # a related task: the weights moved by shift x another draw
+            y = targets(w + shift * rng.normal(size=w.shape).astype(np.float32) * w.std())
         out_dim = 1
     else:
         centres = rng.normal(size=(3, features)).astype(np.float32)
         if spec.model != "mlp":
             centres *= math.sqrt(8 / features) * 1.5
-        y = rng.integers(0, 3, size=n).astype(np.int32)
-        x = (centres[y] + rng.normal(size=(n, features))).astype(np.float32)
+        centres *= spec.extra.get("sep", 1.0)
+        y = y_pre = rng.integers(0, 3, size=n).astype(np.int32)
+        x = x_pre = (centres[y] + rng.normal(size=(n, features))).astype(np.float32)
+        if shift is not None:  # a related task: every centre moved by shift x its size
+            moved = (
+                centres + shift * rng.normal(size=centres.shape).astype(np.float32) * centres.std()
+            )
+            x = (moved[y] + rng.normal(size=(n, features))).astype(np.float32)
         out_dim = 3
     if spec.model == "conv":
-        x = x.reshape(n, 1, 8, 8)
+        x, x_pre = x.reshape(n, 1, 8, 8), x_pre.reshape(n, 1, 8, 8)
     elif spec.model == "transformer":
-        x = x.reshape(n, 4, 8)
-    return x, y, out_dim
+        x, x_pre = x.reshape(n, 4, 8), x_pre.reshape(n, 4, 8)
+    return x, y, out_dim, (x_pre, y_pre)
 
 
 def _network(spec: Spec, out_dim: int) -> Any:
@@ -355,6 +449,8 @@ def _network(spec: Spec, out_dim: int) -> Any:
     act = nn.Sigmoid() if spec.task == "sigmoid" and spec.model == "mlp" else nn.ReLU()
     if spec.model == "mlp":
         return nn.SequentialCell([nn.Dense(8, 32), act, nn.Dense(32, out_dim)])
+    if spec.model == "linear":
+        return nn.Dense(8, out_dim)
     if spec.model == "conv":
         return nn.SequentialCell(
             [
@@ -393,26 +489,27 @@ def _network(spec: Spec, out_dim: int) -> Any:
     return Block()
 
 
-def _optimizer(spec: Spec, params: list, lrs: list[float]) -> Any:
+def _optimizer(spec: Spec, params: list, lrs: list[float], name: str | None = None) -> Any:
     from mindspore import nn
 
     beta2 = spec.extra.get("beta2")
-    if spec.opt == "sgd":
+    name = name or spec.opt
+    if name == "sgd":
         return nn.SGD(params, learning_rate=lrs)
-    if spec.opt == "momentum":
+    if name == "momentum":
         return nn.Momentum(params, learning_rate=lrs, momentum=0.9)
-    if spec.opt == "nesterov":
+    if name == "nesterov":
         return nn.Momentum(params, learning_rate=lrs, momentum=0.9, use_nesterov=True)
-    if spec.opt == "adam":
+    if name == "adam":
         kw = {} if beta2 is None else {"beta2": beta2}
         return nn.Adam(params, learning_rate=lrs, **kw)
-    if spec.opt == "adamw":
+    if name == "adamw":
         return nn.AdamWeightDecay(params, learning_rate=lrs, weight_decay=0.01)
-    if spec.opt == "adamw95":
+    if name == "adamw95":
         return nn.AdamWeightDecay(params, learning_rate=lrs, beta2=0.95, weight_decay=0.01)
-    if spec.opt == "rmsprop":
+    if name == "rmsprop":
         return nn.RMSProp(params, learning_rate=lrs, decay=0.9)
-    raise ValueError(f"unknown optimizer {spec.opt!r}")
+    raise ValueError(f"unknown optimizer {name!r}")
 
 
 def _gscale(spec: Spec, s: int) -> float:
@@ -449,14 +546,14 @@ def _train(spec: Spec) -> dict[str, Any]:
     from msmon_nb.collect.optstate import OptimizerState
 
     rng = np.random.default_rng(spec.seed)
-    x, y, out_dim = _data(spec, rng)
+    x, y, out_dim, (x_pre, y_pre) = _data(spec, rng)
     n = x.shape[0]
     ms.set_seed(spec.seed)
     net = _network(spec, out_dim)
     lrs = lr_list(spec)
     params = net.trainable_params()
     opt = _optimizer(spec, params, lrs)
-    if spec.task == "regress":
+    if spec.task in ("regress", "linear"):
         base = nn.MSELoss()
     elif spec.task == "sigmoid":
 
@@ -469,15 +566,20 @@ def _train(spec: Spec) -> dict[str, Any]:
     def forward(a, b, factor):
         return base(net(a), b) * factor
 
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    def make_step(optimizer: Any) -> Any:
+        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
 
-    @ms.jit
-    def step(a, b, factor, gscale):
-        loss, grads = grad_fn(a, b, factor)
-        grads = tuple(g * gscale for g in grads)
-        norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
-        opt(grads)
-        return loss, norm
+        @ms.jit
+        def step(a, b, factor, gscale):
+            loss, grads = grad_fn(a, b, factor)
+            grads = tuple(g * gscale for g in grads)
+            norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+            optimizer(grads)
+            return loss, norm
+
+        return step
+
+    step = make_step(opt)
 
     # a bad re-initialisation: the whole MLP (its sigmoids saturate), the output layer of
     # the other models (the sigmoid loss saturates)
@@ -492,6 +594,12 @@ def _train(spec: Spec) -> dict[str, Any]:
     adam_like = spec.opt in ("adam", "adamw", "adamw95")
     state = OptimizerState([".*"], lambda key, msg: None) if adam_like else None
     one = ms.Tensor(1.0, ms.float32)
+    pre = spec.extra.get("pretrain")
+    if pre:  # trained weights to fine-tune: a first phase of its own optimizer, unrecorded
+        pre_step = make_step(_optimizer(spec, params, [pre["lr"]] * pre["steps"], pre["opt"]))
+        for _ in range(pre["steps"]):
+            idx = rng.integers(0, n, size=spec.batch)
+            pre_step(ms.Tensor(x_pre[idx]), ms.Tensor(y_pre[idx]), one, one)
     rec: dict[str, Any] = {"loss": [], "grad_norm": [], "lr": [], "data": [], "compute": []}
     moments: dict[str, list[float]] = {}
     sleep = spec.extra.get("sleep", 0.0)

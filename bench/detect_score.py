@@ -43,6 +43,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from bench.detect_runs import is_converged
 from msmon_nb.diagnose import diagnose
 
 DATA_TAG, COMPUTE_TAG = "train/data_time", "train/compute_time"
@@ -275,6 +276,7 @@ def evaluate(runs: Iterable[Run], detector: Detector, accept: dict[str, set[str]
     alarms and their steps; alerts before the onset of failure runs."""
     kinds: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {"fa": 0, "healthy_steps": 0, "early": 0, "pre_onset_steps": 0}
+    out["fa_converged"] = out["converged_steps"] = 0  # the converged runs' share (issue 36)
     out["fa_list"] = []  # (run, step, alert kind, loss at step 0, best loss up to the step)
     for spec, rec in runs:
         alerts = detector(spec, rec)
@@ -285,6 +287,9 @@ def evaluate(runs: Iterable[Run], detector: Detector, accept: dict[str, set[str]
                 best = min(seen, default=math.nan)
                 out["fa_list"].append((spec.name, step, kind, rec["loss"][0], best))
             out["healthy_steps"] += len(rec["loss"])
+            if is_converged(spec):
+                out["fa_converged"] += len(alerts)
+                out["converged_steps"] += len(rec["loss"])
             continue
         k = kinds.setdefault(
             spec.failure, {"runs": 0, "hits": 0, "delay": [], "lead": [], "blowups": 0}
@@ -356,8 +361,13 @@ def _cell(k: dict[str, Any] | None, lead: bool) -> str:
     return text
 
 
+def _rate(alerts: int, steps: int) -> str:
+    return f"{1e4 * alerts / max(steps, 1):.1f} ({alerts} in {steps})"
+
+
 def table(results: dict[str, dict], title: str) -> str:
-    """The detection table of one set: a row per failure kind, a column per detector."""
+    """The detection table of one set: a row per failure kind, a column per detector;
+    a set of healthy runs only has the false-alarm row alone."""
     names = list(results)
     sums = {name: summary(r) for name, r in results.items()}
     kinds = list(next(iter(sums.values())))
@@ -373,25 +383,38 @@ def table(results: dict[str, dict], title: str) -> str:
         for name in names:
             line += f" | {_cell(sums[name].get(kind), kind in LEAD_KINDS):>{width}}"
         lines.append(line)
-    lines.append("-" * len(head))
-    recall = f"{'all failures':16} {sum(s['runs'] for s in sums[names[0]].values()):>4} {'':>4}"
-    fa = f"{'false alarms/10k':16} {'':>4} {'':>4}"
-    early = f"{'before onset/10k':16} {'':>4} {'':>4}"
+    if kinds:
+        lines.append("-" * len(head))
+    ours = results[names[0]]
+    # false alarms with and without the converged healthy runs (issue 36), when a set
+    # has both kinds of healthy runs
+    apart = 0 < ours["converged_steps"] < ours["healthy_steps"]
+    rows: dict[str, str] = {}
+    if kinds:
+        rows["all failures"] = f"{sum(s['runs'] for s in sums[names[0]].values()):>4} {'':>4}"
+    rows["false alarms/10k"] = f"{'':>4} {'':>4}"
+    if apart:
+        rows["w/o converged"] = rows["converged runs"] = f"{'':>4} {'':>4}"
+    if kinds:
+        rows["before onset/10k"] = f"{'':>4} {'':>4}"
     for name in names:
         r = results[name]
         hits = sum(s["hits"] for s in sums[name].values())
         runs = sum(s["runs"] for s in sums[name].values())
         pre = 1e4 * r["early"] / max(r["pre_onset_steps"], 1)
-        cells = (
-            f"{hits}/{runs} {100 * hits / max(runs, 1):.0f}%",
-            f"{r['fa_per_10k']:.1f} ({r['fa']} in {r['healthy_steps']})",
-            f"{pre:.1f} ({r['early']})",
-        )
-        recall += f" | {cells[0]:>{width}}"
-        fa += f" | {cells[1]:>{width}}"
-        early += f" | {cells[2]:>{width}}"
-    lines += [recall, fa, early]
-    first = results[names[0]]["fa_list"]
+        cells = {
+            "all failures": f"{hits}/{runs} {100 * hits / max(runs, 1):.0f}%",
+            "false alarms/10k": f"{r['fa_per_10k']:.1f} ({r['fa']} in {r['healthy_steps']})",
+            "w/o converged": _rate(
+                r["fa"] - r["fa_converged"], r["healthy_steps"] - r["converged_steps"]
+            ),
+            "converged runs": _rate(r["fa_converged"], r["converged_steps"]),
+            "before onset/10k": f"{pre:.1f} ({r['early']})",
+        }
+        for label in rows:
+            rows[label] += f" | {cells[label]:>{width}}"
+    lines += [f"{label:16} {row}" for label, row in rows.items()]
+    first = ours["fa_list"]
     if first:
         lines.append("")
     for run, step, kind, start, best in first[:5]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
@@ -49,12 +50,23 @@ class Diagnoser:
         # (rising_trend: grad_norm and lr next to the loss); fed before any rule runs
         observers: dict[str, list[Callable[[str, float], None]]] = {}
         shared: dict = {}
+        # one judge of "has this run converged?" for the rules whose message names a bug
+        # (a converged run's small, noisy gradients are success): fed the loss and
+        # grad_norm the loss and gradient rules read
+        convergence = Convergence(
+            loss_tag=self.settings["loss_divergence"]["tag"],
+            grad_tag=self.settings["grad_vanishing"]["tag"],
+        )
+        for tag in convergence.companions:
+            observers.setdefault(tag, []).append(convergence.observe)
         for kind in SERIES_RULES:
             params = self.settings[kind]
             if kind in disabled or (kind == "lr_decay" and params["expect_by"] is None):
                 continue
             rules, _ = routes.setdefault(params["tag"], ([], None))
             rule = make_rule(kind, params, shared)
+            if hasattr(rule, "convergence"):
+                rule.convergence = convergence
             rules.append((kind, rule))
             for tag in getattr(rule, "companions", ()):
                 observers.setdefault(tag, []).append(rule.observe)
@@ -83,6 +95,8 @@ class Diagnoser:
             if "adam_v_stale" not in disabled
             else None
         )
+        if self._vstale is not None:
+            self._vstale.convergence = convergence
         self._vstale_tag = vstale["grad_tag"]
         # ("v"|"g", step) -> a half of adam_v_stale's input waiting for the other half;
         # empty until the first moment2 tag arrives, so runs without it pay nothing

@@ -27,6 +27,7 @@ import math
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
+from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import Levels
 
 _CLIP_HINT = "lower the learning rate or clip gradients (nn.ClipByNorm / ops.clip_by_global_norm)"
@@ -122,7 +123,9 @@ class GradExplosion(EpisodeRule):
 
 class GradVanishing(EpisodeRule):
     """grad_norm below ``floor`` for ``patience`` collected steps in a row, or ``factor`` x
-    below its running median for ``patience`` steps (a sudden collapse).
+    below its running median for ``patience`` steps (a sudden collapse); none starts while the
+    run has converged (``convergence``, set by the engine: the loss at its floor, grad_norm
+    fallen no further than it), where small gradients are success.
 
     For the floor, ``since_step`` is the first step below it since the series was last
     at or above 2 x floor, so a noisy decline that wobbles across the floor is dated
@@ -134,6 +137,7 @@ class GradVanishing(EpisodeRule):
         "_floor_since",
         "_rel_count",
         "_rel_since",
+        "convergence",
         "floor",
         "levels",
         "log_factor",
@@ -164,6 +168,9 @@ class GradVanishing(EpisodeRule):
         self._floor_since: int | None = None
         self._rel_count = 0
         self._rel_since: int | None = None
+        # set by the engine: a converged run's gradients are small because the loss is
+        # at its floor, which is no fault (None: judged on grad_norm alone)
+        self.convergence: Convergence | None = None
 
     def update(self, step: int, value: float) -> Finding | None:
         """Feed grad_norm at ``step``."""
@@ -194,6 +201,17 @@ class GradVanishing(EpisodeRule):
         else:
             self._rel_since = None
         self._rel_count = self._rel_count + 1 if collapsed else 0
+        conv = self.convergence
+        if conv is not None and conv.converged:
+            # small gradients at a converged loss's floor are success: nothing starts, and
+            # a floor streak starts over (its onset would date the convergence); a collapse
+            # keeps its onset, so a network that dies and lifts the loss off its floor is
+            # reported from the step its gradients fell
+            self._floor_count = 0
+            self._floor_since = None
+            if self.active:
+                self.episode.settle(calm=not depressed)
+            return None
         if self.active:
             self.episode.settle(calm=value >= 2.0 * self.floor and not depressed)
             return None

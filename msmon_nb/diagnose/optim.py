@@ -24,6 +24,7 @@ import math
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
+from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import RollingWindow
 
 MOMENT2_SUFFIX = "/moment2_norm"
@@ -60,9 +61,23 @@ class AdamVStale(EpisodeRule):
     An outlier batch makes rho jump too (g^2 far above v): then ``loss_spike`` or
     ``grad_explosion`` usually fires at the same step, and this alert adds why the next
     updates are large.
+
+    No episode starts while the run has converged (``convergence``, set by the engine):
+    there the gradients are tiny and noisy, rho swings with them, and the bench's converged
+    Adam runs never blew up after such a swing.
     """
 
-    __slots__ = ("_over", "_since", "log_factor", "min_history", "name", "patience", "win", "z")
+    __slots__ = (
+        "_over",
+        "_since",
+        "convergence",
+        "log_factor",
+        "min_history",
+        "name",
+        "patience",
+        "win",
+        "z",
+    )
 
     def __init__(
         self,
@@ -83,6 +98,9 @@ class AdamVStale(EpisodeRule):
         self.win = RollingWindow(window)
         self._over = 0
         self._since: int | None = None
+        # set by the engine: once the run has converged, tiny gradients make rho noisy
+        # without any update being large against the weights (None: not consulted)
+        self.convergence: Convergence | None = None
 
     def update(self, step: int, grad_norm: float, v_norm: float) -> Finding | None:
         """Feed one collected step's global grad_norm and the L2 norm of Adam's v."""
@@ -112,6 +130,9 @@ class AdamVStale(EpisodeRule):
             return None
         if self._over < self.patience:
             return None
+        conv = self.convergence
+        if conv is not None and conv.converged:
+            return None  # a converged run's tiny gradients swing rho; no episode starts
         self.episode.start()
         since = step if self._since is None else self._since
         ratio = 10.0**d

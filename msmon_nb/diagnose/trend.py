@@ -36,6 +36,7 @@ from collections import deque
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
 from msmon_nb.diagnose.base import EpisodeRule, Finding, short
+from msmon_nb.diagnose.converge import Convergence
 
 # How far from the best hinge fit (in residual variances) a later kink may be and still
 # be taken as the onset: about a 1-sigma likelihood interval for the change point.
@@ -367,7 +368,9 @@ class RisingTrend(EpisodeRule):
     later of the change points of flat-then-rising fits (``hinge_onset``) to the last
     ``2 x window`` log-losses and values of the partner that rose (grad-led: of
     grad_norm alone): at or a little after the start of the rise. It clears after
-    ``QUIET`` steps with neither shape present.
+    ``QUIET`` steps with neither shape present. No episode starts while the run has
+    converged (``convergence``, set by the engine): a loss at 1e-3 of its start swings
+    several-fold without diverging, and a real divergence soon lifts it off its floor.
     """
 
     __slots__ = (
@@ -386,6 +389,7 @@ class RisingTrend(EpisodeRule):
         "_upd",
         "companion_factor",
         "companions",
+        "convergence",
         "factor",
         "lead_patience",
         "lead_t",
@@ -441,6 +445,9 @@ class RisingTrend(EpisodeRule):
         self._history_upd: deque[float] = deque(maxlen=2 * window)
         self._run = 0
         self._lead_run = 0
+        # set by the engine: a loss at its floor wobbles in relative terms (x2-x10 at
+        # 1e-3 of its start) without diverging (None: not consulted)
+        self.convergence: Convergence | None = None
 
     def observe(self, tag: str, value: float) -> None:
         """grad_norm or lr of the current step (finite values), before ``update``."""
@@ -535,6 +542,9 @@ class RisingTrend(EpisodeRule):
         if self.active:
             self.episode.settle(calm=not rising and lead is None)
             return None
+        conv = self.convergence
+        if conv is not None and conv.converged:
+            return None  # a loss at its floor swings; no episode starts
         if self._run >= self.patience:
             return self._joint(step, value, y, partner, companions)
         if lead is not None and self._lead_run >= self.lead_patience:

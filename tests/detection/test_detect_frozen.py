@@ -4,9 +4,12 @@ held-out test set keeps at least the recall and at most the false alarms stated 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from bench.detect_data import SETS, thaw
+from bench.detect_runs import is_converged
 from bench.detect_score import detectors, evaluate, summary, table
 from tests.detection.readme import readme_block, stated
 
@@ -23,12 +26,35 @@ def results():
 
 def test_sets_are_as_large_as_promised(results):
     frozen, _ = results
-    tuning, test = frozen["tuning"], frozen["test"]
+    tuning, test, converged = frozen["tuning"], frozen["test"], frozen["converged"]
     assert len(test) >= len(tuning) >= 67
     assert sum(len(r["loss"]) for s, r in test if s.failure is None) >= 10_000
-    assert not {s.name for s, _ in tuning} & {s.name for s, _ in test}
-    assert not {s.seed for s, _ in test} & {s.seed for s, _ in tuning}
+    for one, other in ((tuning, test), (tuning, converged), (test, converged)):
+        assert not {s.name for s, _ in one} & {s.name for s, _ in other}
+        assert not {s.seed for s, _ in one} & {s.seed for s, _ in other}
     assert {s.model for s, _ in test} >= {"conv", "transformer"}
+    # issue 36: converged healthy runs in the tuning set, and a held-out set of them
+    # on the models the tuning set never saw
+    assert sum(is_converged(s) for s, _ in tuning) >= 8
+    assert all(s.failure is None and is_converged(s) for s, _ in converged)
+    assert sum(len(r["loss"]) for _, r in converged) >= 9_000
+    assert {s.model for s, _ in converged} >= {"mlp", "conv", "transformer", "linear"}
+
+
+def test_converged_runs_did_converge(results):
+    """Each converged run's loss (the median of 50 steps) went at least 3x below where
+    it began, and at least 100x (noiseless regression: 1e12x) in all but the
+    fine-tuning runs, which start from trained weights."""
+    frozen, _ = results
+    for spec, rec in [*frozen["converged"], *(p for p in frozen["tuning"] if is_converged(p[0]))]:
+        loss = rec["loss"]
+        start = statistics.median(loss[:5])
+        end = min(statistics.median(loss[i : i + 50]) for i in range(0, len(loss), 50))
+        assert end < start / 3, spec.name
+        if "pretrain" not in spec.extra:
+            assert end < start / 100, spec.name
+        if spec.task == "linear" and spec.opt != "adam":
+            assert end < start * 1e-12, spec.name
 
 
 def test_readme_tables_are_the_bench_output(results):
@@ -58,6 +84,13 @@ def test_test_set_recall_and_false_alarms_hold_the_readme_figures(results):
         assert k["hits"] >= hits_stated, f"{kind}: {k['hits']} detected, README says {hits_stated}"
     fa_stated = float(rows["false alarms/10k"]["msmon_nb"].split()[0])
     assert round(ours["fa_per_10k"], 1) <= fa_stated
+
+
+def test_converged_set_false_alarms_hold_the_readme_figure(results):
+    _, res = results
+    ours = res["converged"]["msmon_nb"]
+    stated_fa = float(stated("converged")["false alarms/10k"]["msmon_nb"].split()[0])
+    assert round(ours["fa_per_10k"], 1) <= stated_fa
 
 
 def test_ours_against_the_baselines_as_the_readme_says(results):

@@ -11,7 +11,9 @@ from bench.detect_data import thaw
 from bench.detect_runs import train
 
 
-@pytest.mark.parametrize("name", ["plateau-adam", "t-plateau-mlp"])
+@pytest.mark.parametrize(
+    "name", ["plateau-adam", "t-plateau-mlp", "cv-memorise-mlp-adam-regress-s303"]
+)
 def test_retrained_run_matches_frozen(name):
     frozen = {s.name: (s, r) for pairs in thaw().values() for s, r in pairs}
     spec, rec = frozen[name]

@@ -200,7 +200,7 @@ def test_state_stays_bounded_however_long_the_run():
         if step in (1000, 19_999):
             sizes[step] = _stored(diag._routes) + _stored(diag._order)
     assert sizes[1000] == sizes[19_999]
-    assert sizes[1000] < 1000
+    assert sizes[1000] < 1200  # the rules' windows and the convergence judge's two
 
 
 def test_alert_to_dict_is_json_and_round_trips():

@@ -1,0 +1,110 @@
+"""Whether a run has converged: the question the "something is broken" rules ask first.
+
+A run that converged has gradients that shrank because the loss reached its floor:
+that is success. Without this, ``grad_vanishing`` tells a noiseless regression trained
+to 1e-12 to "look for saturating activations", ``adam_v_stale`` reads the noise of
+tiny gradients as a stale second moment, and ``rising_trend`` reads a memorised loss
+wobbling at 1e-3 of its start as the start of a divergence (issue 36; the converged
+runs of bench/detect_runs.py).
+
+Converged, at the current step, means both:
+
+* the loss is at a floor far below where it started: the median of its last ``window``
+  values is at most ``ratio`` (1 %) of its starting level (the first value or the median
+  of the first ``window``, whichever is larger); and
+* grad_norm fell with it, not further: log(grad start / grad now) <= log(loss start /
+  loss now), medians of the same windows. Near a minimum the gradient falls at most as
+  fast as the loss (MSE: loss ~ grad^2, so half as many decades; cross-entropy near zero
+  loss: about as many). A gradient that fell further than the loss vanished for another
+  reason -- a dead network, gradients cut off, an injected scale -- and the rules must
+  still speak. The latest grad_norm alone may not have fallen more than a decade
+  further either, so a collapse is judged at the step it happens, not once the median
+  has followed it. Without grad_norm only the loss is judged.
+
+A negative or zero starting loss has no "fraction of its start": never converged then.
+The state is two 15-value windows (O(window) per step, like the rules).
+"""
+
+from __future__ import annotations
+
+import math
+
+from msmon_nb.diagnose.window import RollingWindow
+
+RATIO = 1e-2  # the loss at 1 % of its start or below: it has converged (with grad_norm)
+WINDOW = 15  # values in each median: enough to ride out a hard batch, short enough to follow
+# how much further than the loss a single grad_norm may have fallen (a decade): minibatch
+# noise is 0.1-0.4 decades a step, a collapse (a dead network, an injected scale) is more
+SLACK = math.log(10.0)
+
+
+class Convergence:
+    """Fed the loss and grad_norm of each step (``observe``, before the rules run);
+    ``converged`` says whether the run is at its floor now (see the module docstring)."""
+
+    __slots__ = (
+        "_grad",
+        "_grad_first",
+        "_grad_last",
+        "_grad_start",
+        "_loss",
+        "_loss_first",
+        "_loss_start",
+        "companions",
+        "ratio",
+    )
+
+    def __init__(
+        self, *, loss_tag: str, grad_tag: str, ratio: float = RATIO, window: int = WINDOW
+    ) -> None:
+        self.companions = (loss_tag, grad_tag)
+        self.ratio = ratio
+        self._loss = RollingWindow(window)
+        self._grad = RollingWindow(window)
+        self._loss_first: float | None = None
+        self._grad_first: float | None = None
+        self._grad_last = 0.0
+        self._loss_start: float | None = None  # set once the first window is full
+        self._grad_start: float | None = None
+
+    def observe(self, tag: str, value: float) -> None:
+        """A finite loss or grad_norm of the current step."""
+        if tag == self.companions[0]:
+            win = self._loss
+            win.add(value)
+            if self._loss_first is None:
+                self._loss_first = value
+            if self._loss_start is None and len(win) == win.size:
+                self._loss_start = max(self._loss_first, win.median())
+        else:
+            win = self._grad
+            win.add(value)
+            self._grad_last = value
+            if self._grad_first is None:
+                self._grad_first = value
+            if self._grad_start is None and len(win) == win.size:
+                self._grad_start = max(self._grad_first, win.median())
+
+    @property
+    def converged(self) -> bool:
+        """True while the loss sits at a floor far below its start and grad_norm has not
+        fallen further than the loss did."""
+        start = self._loss_start
+        if start is None or start <= 0.0:
+            return False
+        level = self._loss.median()
+        if not 0.0 <= level <= self.ratio * start:
+            return False
+        g_start = self._grad_start
+        if g_start is None or g_start <= 0.0:
+            return g_start is None and len(self._grad) == 0  # no grad_norm: the loss alone
+        fallen = math.inf if level == 0.0 else math.log(start / level)
+        if _fall(g_start, self._grad.median()) > fallen:
+            return False
+        # a collapse is judged at once, not after the median has followed it
+        return _fall(g_start, self._grad_last) <= fallen + SLACK
+
+
+def _fall(start: float, now: float) -> float:
+    """How far (natural log) a positive ``start`` fell to ``now``; inf at zero."""
+    return math.inf if now <= 0.0 else math.log(start / now)
