@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from msmon_nb.metrics.charts import plan_charts
 from msmon_nb.metrics.jsonsafe import jsonable
+from msmon_nb.notebook.reopen import final, placeholder
 from msmon_nb.notebook.updates import MAX_STATE_BYTES, Chunk, PointStream
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class Panel:
         self.monitor: Monitor | None = None
         self.pump: Any = None
         self.handle: Any = None
+        self.reopen: Any = None  # the picture for a notebook reopened without widget state
         self.state = "running" if live else "finished"
         self.note = ""  # extra status text (a static run's point count...)
         self.acked = False
@@ -160,6 +162,8 @@ class Panel:
         from IPython.display import display
 
         self.handle = display(self.widget.bundle(), raw=True, display_id=True)
+        if self.live and not self.hello_held:  # VS Code keeps no widget state: not there
+            self.reopen = display(placeholder(self.widget.model_id), raw=True, display_id=True)
         self._displayed_at = self.clock()
         self.send(reset=True)
 
@@ -426,6 +430,14 @@ class Panel:
                 self.handle.update(_png_bundle(self.widget.static_png, self.widget.title), raw=True)
             else:
                 self.handle.update(self.widget.bundle(), raw=True)
+                if self.reopen is not None:
+                    picture = final(
+                        self.widget.model_id,
+                        self.widget.static_png,
+                        self.widget.title,
+                        self.widget.run_dir,
+                    )
+                    self.reopen.update(picture, raw=True)
         self.finish_secs = self.clock() - began
 
     @property

@@ -242,6 +242,56 @@ def test_saved_widget_state_redraws_the_finished_panel_without_a_kernel(tmp_path
         assert row.count() == 1 and row.locator("svg.msmon-hist rect").count() > 5
 
 
+VISIBLE_JS = """(selector) => [...document.querySelectorAll(selector)]
+  .some(e => e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden')"""
+MODEL_NOT_FOUND_JS = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+  .some(e => e.textContent.includes('model not found') && e.getClientRects().length > 0)"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_reopened_without_widget_state_shows_the_final_picture_not_model_not_found(tmp_path, app):
+    """JupyterLab's default keeps no widget state in the saved notebook: reopened, the
+    panel's place shows its final picture and a line saying why (issue 36), not the
+    widget renderer's "model not found". While the cell ran and once it ended, only the
+    live panel showed."""
+    train = TRAIN.replace("range(4000)", "range(60)").format(base=tmp_path / "summary")
+    write_notebook(tmp_path / "first.ipynb", [SETUP, train])
+    with jupyter_page(tmp_path, "first.ipynb", app=app) as page:
+        run_all(page)
+        page.wait_for_function(
+            "() => document.querySelector('.msmon-status') !== null", timeout=120_000
+        )
+        assert not page.evaluate(VISIBLE_JS, ".msmon-reopen")  # nothing below the live panel
+        page.wait_for_function(cell_done_js(1), timeout=120_000)
+        page.wait_for_function("() => document.querySelector('.msmon-reopen img') !== null")
+        assert page.evaluate(VISIBLE_JS, ".msmon-panel")
+        assert not page.evaluate(VISIBLE_JS, ".msmon-reopen")  # the finished live panel only
+        save(page)
+    saved = json.loads((tmp_path / "first.ipynb").read_text())
+    assert not saved["metadata"].get("widgets")  # the default: no widget state saved
+    (tmp_path / "reopened.ipynb").write_text(json.dumps(saved))
+    with jupyter_page(tmp_path, "reopened.ipynb", app=app) as page:
+        # (the first notebook may be open in a background tab: the visible one counts)
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.msmon-reopen img')].some(i => i.complete"
+            " && i.naturalWidth > 300 && i.getClientRects().length > 0)",
+            timeout=60_000,
+        )
+        line = page.evaluate(
+            "() => [...document.querySelectorAll('.msmon-reopen p')]"
+            ".filter(p => p.getClientRects().length > 0).map(p => p.textContent).join()"
+        )
+        assert "widget state was not saved" in line and "msmon view" in line
+        # the renderer did give up on the model (the case), and its error is not shown
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jupyter-widgets')]"
+            ".some(e => e.textContent.includes('model not found'))",
+            timeout=30_000,
+        )
+        assert not page.evaluate(MODEL_NOT_FOUND_JS)
+
+
 CONTROL_FRAMES = re.compile(rb'"comm_msg".*"type":\s*"(pause|resume|stop|freq)"', re.S)
 
 

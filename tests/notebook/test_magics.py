@@ -241,3 +241,31 @@ def test_kernel_install_registers_this_interpreter(tmp_path):
     assert spec["argv"][0] == sys.executable
     assert spec["display_name"] == "MS test"
     assert "msmon-test" in proc.stdout
+
+
+def reopen_outputs(cell):
+    return [
+        o
+        for o in cell.get("outputs", [])
+        if "msmon-reopen" in o.get("data", {}).get("text/html", "")
+    ]
+
+
+@pytest.mark.parametrize("vscode", [False, True])
+def test_the_reopen_picture_sits_below_the_panel_outside_vs_code(tmp_path, monkeypatch, vscode):
+    """Right below the panel, an output holds the final picture for a notebook reopened
+    without widget state (shown by the page only then: tests/notebook/test_live_browser);
+    VS Code, which keeps no widget state and lays outputs out its own way, gets none."""
+    if vscode:  # what VS Code's Jupyter extension sets in the kernels it starts
+        monkeypatch.setenv("PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING", "1")
+    nb = run_cells([SETUP, loop(f"%%msmonitor --dir {tmp_path} --run reopen", 30)], tmp_path)
+    outputs = nb.cells[1]["outputs"]
+    extra = reopen_outputs(nb.cells[1])
+    if vscode:
+        assert not extra
+        return
+    assert len(extra) == 1
+    assert outputs.index(extra[0]) == outputs.index(widget_views(nb.cells[1])[0]) + 1
+    html = extra[0]["data"]["text/html"]
+    assert 'src="data:image/png;base64,' in html and " hidden>" in html
+    assert f"msmon view {tmp_path}" in html
