@@ -40,6 +40,7 @@ from msmon_nb.rundir import (
     SNAPSHOTS,
     find_run_dirs,
     marker_alive,
+    rank_of_dir,
     read_marker,
 )
 from msmon_nb.rundir.control import CONTROL, CONTROL_ACK
@@ -55,7 +56,6 @@ _RUN_FILE_RES = [
 _RUN_FILES = {MARKER, ALERTS, SNAPSHOTS, CONTROL, CONTROL_ACK, OVERVIEW_DATA, OVERVIEW_INDEX,
               OVERVIEW_INDEX + ".tmp"}  # fmt: skip
 _RUN_SUBDIRS = {"config_backup", "tensorboard"}
-_RANK_DIR_RE = re.compile(r"^rank_\d+$")
 
 
 def parse_age(text: str) -> float:
@@ -103,7 +103,7 @@ def _scan_contents(path: Path, free: bool = False) -> tuple[int, float, list[str
         newest = max(newest, sub_newest)
         if sub_free:
             continue
-        if _RANK_DIR_RE.match(entry.name):
+        if rank_of_dir(entry.name) is not None:
             unknown += [f"{entry.name}/{u}" for u in sub_unknown]
         else:
             unknown.append(entry.name + "/")

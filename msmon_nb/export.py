@@ -38,8 +38,7 @@ FIELDS = ("step", "wall_time", "tag", "value", "rank")
 def iter_scalar_batches(run: Run) -> Iterator[tuple[int, list[tuple[int, float, str, float]], int]]:
     """(rank, rows, bytes read so far) per batch; rows are (step, wall, tag, value)."""
     done = 0
-    for path in run.files:
-        rank = run._files[path].rank
+    for path, rank in run.files_with_ranks():
         reader = RecordReader(path, chunk=_CHUNK)
         bulk = BulkScalarDecoder()
         decoder = EventDecoder()
@@ -168,9 +167,7 @@ def load_run_lazily(run_dir: str | os.PathLike[str]) -> Run:
     path = Path(run_dir)
     if not path.is_dir() or not is_run_dir(path):
         load_run(path)  # raises the clear "no run at ..." error
-    run = Run(path)
-    run._discover()
-    return run
+    return Run(path)  # its files are found when asked for; nothing is read
 
 
 def progress_printer(stream: Any = sys.stderr) -> Callable[[int, int], None]:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from msmon_nb.events.bulk import BulkScalarDecoder
+from msmon_nb.events.rankmerge import merge_ranks
 from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
 from msmon_nb.rundir.layout import (
     ALERTS,
@@ -289,6 +290,12 @@ class Run:
         self._discover()
         return sorted(self._files, key=summary_file_key)
 
+    def files_with_ranks(self) -> list[tuple[Path, int]]:
+        """(summary file, the rank that wrote it), in reading order; nothing is read
+        (export streams the files itself)."""
+        files = self.files
+        return [(path, self._files[path].rank) for path in files]
+
     def file_ranks(self) -> list[int]:
         """Ranks that wrote files, from the file names alone (no data is read)."""
         self._discover()
@@ -442,22 +449,16 @@ class Run:
         return {rank: data.last_wall for rank, data in sorted(self._ranks.items())}
 
     def merged(self, tag: str) -> MergedSeries:
-        """Mean, min and max of ``tag`` across ranks at each step any rank recorded."""
+        """Mean, min and max of ``tag`` across ranks at each step any rank recorded: the
+        mean is NaN where a rank's value is not finite, min and max are over the finite
+        values (``events.rankmerge``, the viewer's merge too)."""
         self._load()
-        parts = [data.scalars[tag].purged() for data in self._ranks.values() if tag in data.scalars]
-        if not parts:
+        ranks = sorted(r for r, data in self._ranks.items() if tag in data.scalars)
+        if not ranks:
             known = {t for data in self._ranks.values() for t in data.scalars}
             raise KeyError(_unknown(tag, known, self.name))
-        steps = np.concatenate([p.steps for p in parts])
-        values = np.concatenate([p.values for p in parts]).astype(np.float64)
-        unique, inverse = np.unique(steps, return_inverse=True)
-        count = np.bincount(inverse, minlength=len(unique))
-        total = np.bincount(inverse, weights=values, minlength=len(unique))
-        low = np.full(len(unique), np.inf)
-        high = np.full(len(unique), -np.inf)
-        np.minimum.at(low, inverse, values)
-        np.maximum.at(high, inverse, values)
-        return MergedSeries(unique, total / count, low, high, count)
+        merged = merge_ranks([self._ranks[r].scalars[tag].purged() for r in ranks], ranks)
+        return MergedSeries(merged.steps, merged.mean, merged.min, merged.max, merged.count)
 
     @property
     def alerts(self) -> list[dict[str, Any]]:

@@ -28,10 +28,11 @@ from typing import Any
 
 from msmon_nb.diagnose.rankrules import with_cross_rank
 from msmon_nb.events.index import RunIndex, RunInfo
+from msmon_nb.events.rankmerge import Merged, merge_ranks
 from msmon_nb.events.runs import Run
 from msmon_nb.rundir import ALERTS, SNAPSHOTS
 from msmon_nb.viewer.crossrank import CrossRankAlerts
-from msmon_nb.viewer.rankmerge import Merged, RankedRun, RankView, is_ranked, merge_ranks
+from msmon_nb.viewer.rankmerge import RankedRun, RankView, is_ranked
 
 CROSS_RANK_WAIT = 1.0  # s an /api/alerts request waits for cross-rank rules in progress
 

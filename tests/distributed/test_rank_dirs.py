@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from msmon_nb.events.runs import load_runs
 from tests.conftest import ROOT
 
@@ -50,3 +52,46 @@ def test_ranks_of_one_job_share_a_run_and_a_reused_name_moves_on_together(tmp_pa
         ] == [True, True]
         assert run.scalars("train/loss", rank=1).values.tolist() == [2.0] * 5
         assert run.merged("train/loss").mean.tolist() == [1.5] * 5
+
+
+NAN_WORKER = """
+import sys
+from msmon_nb.monitor import Monitor
+rank = int(sys.argv[2])
+with Monitor(save_dir=sys.argv[1], model_name="nan") as mon:
+    for step in range(5):
+        mon.step(loss=float("nan") if (rank, step) == (1, 2) else 1.0 + rank)
+"""
+
+
+def test_one_nan_rank_keeps_the_band_and_run_and_viewer_merge_alike(tmp_path):
+    """Issue 33: a rank's NaN makes the step's mean NaN but does not blank the band (min
+    and max over the finite values), in ``Run.merged`` (the follow panel's band) exactly
+    as in the viewer's merge."""
+    from msmon_nb.viewer.rankmerge import RankedRun
+
+    env = dict(os.environ, RANK_SIZE="2", MS_SCHED_PORT="4343", GLOG_v="3")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", NAN_WORKER, str(tmp_path), str(rank)],
+            cwd=ROOT,
+            env={**env, "RANK_ID": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    (run,) = load_runs(tmp_path)
+    merged = run.merged("train/loss")
+    assert merged.steps.tolist() == [0, 1, 2, 3, 4]
+    assert merged.count.tolist() == [2] * 5
+    assert merged.min.tolist() == [1.0] * 5 and merged.max.tolist() == [2.0, 2.0, 1.0, 2.0, 2.0]
+    assert [m != m for m in merged.mean.tolist()] == [False, False, True, False, False]
+    ranked = RankedRun(run.path)
+    ranked.refresh()
+    viewer = ranked.merged("train/loss", exact=True)
+    for ours, theirs in zip(
+        (merged.steps, merged.mean, merged.min, merged.max, merged.count),
+        (viewer.steps, viewer.mean, viewer.min, viewer.max, viewer.count),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(ours, theirs)  # NaN where the other has NaN
