@@ -233,3 +233,78 @@ def test_module_docstrings_cite_the_architecture_page(name):
     one in the repository), never a document outside it."""
     doc = ast.get_docstring(ast.parse(MODULES[name].read_text())) or ""
     assert "DESIGN.md" not in doc, f"{name}: cite docs/ARCHITECTURE.md"
+
+
+def _private_attrs(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, attributes it assigns, slots."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == "__slots__":
+                    try:
+                        names.update(ast.literal_eval(node.value))
+                    except ValueError:
+                        pass
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+PRIVATE = {name: _private_attrs(tree) for name, tree in TREES.items()}
+
+
+def test_no_private_attributes_reached_across_modules():
+    """``obj._name`` outside ``self``/``cls`` only where this module defines ``_name``:
+    another module's private attribute is its own business (issue 33). Privates of
+    third-party objects (ipykernel's, ``sys._getframe``) are not ours to police."""
+    ours = set().union(*PRIVATE.values())
+    bad = []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr in ours):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in PRIVATE[name]:
+                bad.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "private attributes of other modules:\n" + "\n".join(bad)
+
+
+def test_dynamic_imports_of_our_modules_are_the_lazy_table_only():
+    """``importlib.import_module`` hides an arrow from the graph: ours only resolve the
+    package's lazy public names (each to a module that exists); the collectors' probe
+    MindSpore's modules (not ours)."""
+    from msmon_nb import _LAZY
+
+    assert set(_LAZY.values()) <= set(MODULES), set(_LAZY.values()) - set(MODULES)
+    callers = {}
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module"):
+                arg = node.args[0] if node.args else None
+                literal = isinstance(arg, ast.Constant)
+                if not literal or str(arg.value).startswith("msmon_nb"):
+                    callers.setdefault(name, []).append(node.lineno)
+    assert set(callers) <= {"msmon_nb", "msmon_nb.collect.gradtaps", "msmon_nb.collect.hooks"}, (
+        callers
+    )
+
+
+@pytest.mark.parametrize("module", ["msmon_nb.viewer.server", "msmon_nb.clean", "msmon_nb.monitor"])
+def test_starts_without_mindspore(module):
+    """The viewer, the cleaner and the monitor's import load no MindSpore (a viewer box
+    or a cleaning cron job may have none; a monitor pays for it only when it collects)."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('mindspore')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out
