@@ -335,7 +335,8 @@ def serve(
 
     Prints ``msmon view: starting ...`` then ``msmon view: serving BASE at URL`` (or
     ``already serving`` when a viewer of the same base holds the port): VSCode's
-    background task waits for those lines. ``any_port_if_taken`` (``msmon demo``) falls
+    background task waits for those lines; an error line ends with ``[BASE]``, the dir
+    VSCode's problem matcher files the problem under. ``any_port_if_taken`` (``msmon demo``) falls
     back to a free port when another program holds ``port``.
     """
     base_path = Path(base).resolve()
@@ -343,7 +344,7 @@ def serve(
     try:
         server = make_server(base_path, host, port)
     except MissingAsset as exc:
-        print(f"msmon view: error: {exc}", file=sys.stderr, flush=True)
+        print(f"msmon view: error: {exc} [{base_path}]", file=sys.stderr, flush=True)
         return 1
     except OSError as exc:
         url = _already_serving(host, port, base_path) if port else None
@@ -354,7 +355,7 @@ def serve(
             return serve(base_path, host, 0, out)
         print(
             f"msmon view: error: cannot listen on {host}:{port}: {exc.strerror or exc}; "
-            "try another --port (0 picks a free one)",
+            f"try another --port (0 picks a free one) [{base_path}]",
             file=sys.stderr,
             flush=True,
         )

@@ -146,6 +146,8 @@ def test_viewer_task_matches_its_problem_matcher_and_serves(tmp_path):
     task = tasks_by_label()["msmon: viewer"]
     assert task["isBackground"] is True
     matcher = task["problemMatcher"]["background"]
+    assert matcher["activeOnStart"] is True  # VSCode's schema name ("activeBegins" is not)
+    assert set(matcher) == {"activeOnStart", "beginsPattern", "endsPattern"}
     begins, ends = re.compile(matcher["beginsPattern"]), re.compile(matcher["endsPattern"])
     error = re.compile(task["problemMatcher"]["pattern"]["regexp"])
     line = shell_line(task, tmp_path).replace(" --port 8080", " --port 0")
@@ -179,7 +181,18 @@ def test_viewer_task_matches_its_problem_matcher_and_serves(tmp_path):
                 timeout=60,
             )
             assert clash.returncode == code
-            assert error.search(clash.stderr.strip().splitlines()[-1]), clash.stderr
+            if code == 2:  # a usage error of the task's own args: argparse's line, no dir
+                assert "-1 is not a port" in clash.stderr
+                continue
+            found = error.search(clash.stderr.strip().splitlines()[-1])
+            assert found, clash.stderr
+            # the groups VSCode reads (kind "file"): severity, message, the dir it concerns
+            pattern = task["problemMatcher"]["pattern"]
+            assert pattern["kind"] == "file"
+            assert task["problemMatcher"]["fileLocation"] == ["absolute"]
+            assert found.group(pattern["severity"]) == "error"
+            assert Path(found.group(pattern["file"])) == tmp_path.resolve()
+            assert "--port" in found.group(pattern["message"])
 
 
 def launch_config(name: str) -> dict:
