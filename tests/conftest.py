@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -68,7 +69,9 @@ def pytest_sessionfinish(session, exitstatus):
             return
         _default(unraisable)
 
-    sys.unraisablehook = quiet
+    # set at exit, not now: pytest's own unraisable-exception plugin puts back the hook it
+    # found when it cleans up after the session, which is after every hook of ours
+    atexit.register(setattr, sys, "unraisablehook", quiet)
 
 
 @pytest.fixture(autouse=True)
