@@ -123,8 +123,9 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir."""
-    from msmon_nb.rundir.control import ControlError, send, wait_for_ack
+    """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir (every
+    live rank's, for a distributed run: it returns once each has acknowledged)."""
+    from msmon_nb.rundir.control import ControlError, live_ranks, send, wait_for_ack
 
     run_dir = Path(args.run_dir)
     try:
@@ -132,19 +133,31 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     except ControlError as exc:
         print(f"msmon ctl: {exc}", file=sys.stderr)
         return 1
-    got = wait_for_ack(run_dir, command, timeout=args.timeout)
+    ranks = live_ranks(run_dir)
+    got = wait_for_ack(run_dir, command, timeout=args.timeout, ranks=ranks)
+    queued = (
+        "the monitor reads commands at step boundaries, so a long step (a first graph "
+        "compile, an evaluation) delays it: the command stays queued and acts when the "
+        "step ends, or wait longer with --timeout"
+    )
     if not got:
         print(
             f"msmon ctl: {command.describe()} was not acknowledged within {args.timeout:g} s; "
-            "the monitor reads commands at step boundaries, so a long step (a first graph "
-            "compile, an evaluation) delays it: the command stays queued, or wait longer "
-            "with --timeout",
+            + queued,
             file=sys.stderr,
         )
         return 1
     for ack in got:
         state = "ok" if ack.get("ok") else "failed"
         print(f"rank {ack.get('rank')}, step {ack.get('step')}: {state}: {ack.get('message')}")
+    missing = sorted(ranks - {a.get("rank") for a in got})
+    if missing:
+        print(
+            f"msmon ctl: rank {', '.join(map(str, missing))} did not acknowledge "
+            f"{command.describe()} within {args.timeout:g} s; " + queued,
+            file=sys.stderr,
+        )
+        return 1
     return 0 if all(a.get("ok") for a in got) else 1
 
 
@@ -243,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause, resume, stop, change the collection frequency or snapshot a live run",
         description="Act on the live monitor that owns RUN_DIR at its next step boundary (as "
         "the panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
-        "scripts). Exits 0 once the monitor acknowledges, 1 when no live monitor owns RUN_DIR.",
+        "scripts). Exits 0 once the monitor acknowledges (every live rank of a distributed "
+        "run), 1 when no live monitor owns RUN_DIR or a rank stays silent past --timeout.",
     )
     p.add_argument("run_dir", help="the run dir, as the panel's footer shows it")
     p.add_argument("cmd", choices=("pause", "resume", "stop", "freq", "snapshot"))

@@ -116,14 +116,28 @@ def acks(run_dir: Path, command_id: str) -> list[dict[str, Any]]:
     return [a for a in read_jsonl(run_dir / CONTROL_ACK) if a.get("id") == command_id]
 
 
+def live_ranks(run_dir: Path) -> set[int]:
+    """The ranks of a distributed run whose monitor is alive (its ``rank_<k>`` marker says
+    running, its pid lives on this host): each reads every command and acknowledges it.
+    Empty for a single-process run."""
+    return {rank for rank, marker in rank_markers(run_dir).items() if marker_alive(marker)}
+
+
 def wait_for_ack(
-    run_dir: Path, command: Command, timeout: float = 30.0, every: float = 0.05
+    run_dir: Path,
+    command: Command,
+    timeout: float = 30.0,
+    every: float = 0.05,
+    ranks: set[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Poll for ``command``'s acknowledgements until one arrives or ``timeout`` passes."""
+    """Poll for ``command``'s acknowledgements until each of ``ranks`` answered (default:
+    the run's ``live_ranks``; one answer for a single-process run) or ``timeout`` passes;
+    the acknowledgements so far, from every rank that answered."""
+    want = live_ranks(run_dir) if ranks is None else ranks
     deadline = time.monotonic() + timeout
     while True:
         got = acks(run_dir, command.id)
-        if got or time.monotonic() >= deadline:
+        if (got and want <= {a.get("rank") for a in got}) or time.monotonic() >= deadline:
             return got
         time.sleep(every)
 

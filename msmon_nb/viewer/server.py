@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-from msmon_nb.rundir.control import ControlError, send, wait_for_ack
+from msmon_nb.rundir.control import ControlError, live_ranks, send, wait_for_ack
 from msmon_nb.viewer import api
 from msmon_nb.viewer.sse import Broadcaster
 from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
@@ -219,12 +219,17 @@ class Handler(BaseHTTPRequestHandler):
         except ControlError as exc:
             self._json(409, {"error": str(exc)})
             return
-        acks = wait_for_ack(run_dir, command, timeout=CONTROL_WAIT_SECS)
+        ranks = live_ranks(run_dir)  # a distributed run: each live rank acknowledges
+        acks = wait_for_ack(run_dir, command, timeout=CONTROL_WAIT_SECS, ranks=ranks)
         if not acks:
             message = "queued: the monitor acts at its next step boundary"
             self._json(202, {"ok": True, "queued": True, "message": message, "id": command.id})
             return
-        self._json(200, {"ok": all(a.get("ok") for a in acks), "acks": acks, "id": command.id})
+        body = {"ok": all(a.get("ok") for a in acks), "acks": acks, "id": command.id}
+        missing = sorted(ranks - {a.get("rank") for a in acks})
+        if missing:  # still queued for them: they act at their next step boundary
+            body["waiting_for_ranks"] = missing
+        self._json(200, body)
 
     def _get(self) -> None:
         if not self._local():

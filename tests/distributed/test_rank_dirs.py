@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from tests.conftest import ROOT
 
 WORKER = """
 import sys
+import time
 from msmon_nb.monitor import Monitor
 with Monitor(save_dir=sys.argv[1], model_name="job") as mon:
     for step in range(5):
@@ -19,10 +21,11 @@ print(mon.run_dir, mon.write_dir)
 """
 
 
-def launch(base, rank, port):
+def launch(base, rank, port, code=WORKER):
+    """Rank ``rank`` of a 2-rank job as msrun's environment describes it, running ``code``."""
     env = dict(os.environ, RANK_ID=str(rank), RANK_SIZE="2", MS_SCHED_PORT=str(port), GLOG_v="3")
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(base), str(rank)],
+        [sys.executable, "-c", code, str(base), str(rank)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -56,6 +59,7 @@ def test_ranks_of_one_job_share_a_run_and_a_reused_name_moves_on_together(tmp_pa
 
 NAN_WORKER = """
 import sys
+import time
 from msmon_nb.monitor import Monitor
 rank = int(sys.argv[2])
 with Monitor(save_dir=sys.argv[1], model_name="nan") as mon:
@@ -70,15 +74,7 @@ def test_one_nan_rank_keeps_the_band_and_run_and_viewer_merge_alike(tmp_path):
     as in the viewer's merge."""
     from msmon_nb.viewer.rankmerge import RankedRun
 
-    env = dict(os.environ, RANK_SIZE="2", MS_SCHED_PORT="4343", GLOG_v="3")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", NAN_WORKER, str(tmp_path), str(rank)],
-            cwd=ROOT,
-            env={**env, "RANK_ID": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
+    procs = [launch(tmp_path, rank, 4343, NAN_WORKER) for rank in (0, 1)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     (run,) = load_runs(tmp_path)
     merged = run.merged("train/loss")
@@ -95,3 +91,53 @@ def test_one_nan_rank_keeps_the_band_and_run_and_viewer_merge_alike(tmp_path):
         strict=True,
     ):
         np.testing.assert_array_equal(ours, theirs)  # NaN where the other has NaN
+
+
+CTL_WORKER = """
+import sys
+import time
+import time
+from msmon_nb.monitor import Monitor
+rank = int(sys.argv[2])
+with Monitor(save_dir=sys.argv[1], model_name="ctl") as mon:
+    print(mon.run_dir, flush=True)
+    for step in range(100_000):
+        mon.step(loss=1.0)
+        if mon.stop_requested:
+            break
+        time.sleep(0.02 if rank == 0 else 2.0)  # rank 1: long steps
+"""
+
+
+def test_msmon_ctl_waits_for_every_live_rank_and_names_the_silent_one(tmp_path):
+    """Issue 34: with several ranks, ``msmon ctl`` returned on the first rank's
+    acknowledgement; it waits for each live rank, and when one stays silent past the
+    timeout it says which (exit 1), the acks it did get printed."""
+    procs = [launch(tmp_path, rank, 4444, CTL_WORKER) for rank in (0, 1)]
+    try:
+        run_dir = procs[0].stdout.readline().strip()
+        assert procs[1].stdout.readline().strip() == run_dir
+        time.sleep(3.0)  # both ranks' markers written and a step or two taken
+
+        def ctl(*args):
+            return subprocess.run(
+                [sys.executable, "-m", "msmon_nb.cli", "ctl", run_dir, *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        short = ctl("freq", "2", "--timeout", "0.6")  # rank 1 is mid-step for ~2 s
+        assert short.returncode == 1
+        assert "rank 0, step" in short.stdout and "rank 1," not in short.stdout
+        assert "rank 1 did not acknowledge" in short.stderr and "stays queued" in short.stderr
+        done = ctl("stop", "--timeout", "30")
+        assert done.returncode == 0, done.stderr
+        assert "rank 0, step" in done.stdout and "rank 1, step" in done.stdout
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
