@@ -21,6 +21,7 @@ what is not observed); everything else still works. ``ways_in()`` is what
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -180,10 +181,12 @@ def _compile_cache() -> WayIn:
     return WayIn("compile_cache", observes, (Target(api, "ms_compile_cache", tried[0]),), tried)
 
 
+@functools.cache
 def optimizer_bases() -> tuple[type, ...]:
     """The optimizer base classes of this MindSpore: ``nn.Optimizer``, and the
     ``mindspore.experimental.optim.Optimizer`` that ``mint.optim`` builds on (not a
-    subclass of it: its lr is a Parameter per group, ``lrs``), where present."""
+    subclass of it: its lr is a Parameter per group, ``lrs``), where present. Looked up
+    once: ``is_optimizer`` asks it on collected steps."""
     from mindspore import nn
 
     experimental = _module("mindspore.experimental.optim")
@@ -199,12 +202,10 @@ def _classes() -> list[WayIn]:
     from mindspore import nn
 
     out = []
-    calls = [
-        _target(base, "__call__", f"{base.__module__}.{base.__name__}.__call__")
-        for base in optimizer_bases()
-    ]
+    bases = optimizer_bases()
+    paths = tuple(f"{b.__module__}.{b.__name__}.__call__" for b in bases)
+    calls = (_target(b, "__call__", path) for b, path in zip(bases, paths, strict=True))
     optimizer = tuple(t for t in calls if t is not None)
-    paths = tuple(f"{b.__module__}.{b.__name__}.__call__" for b in optimizer_bases())
     out.append(WayIn("optimizer", "optimizer calls (step ends, learning rate)", optimizer, paths))
     for name, cls, observes in (
         ("cell", "Cell", "train cells called by hand (TrainOneStepCell, your own Cell)"),

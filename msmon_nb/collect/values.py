@@ -35,9 +35,9 @@ def read_lr(optimizer: Any) -> float | None:
     other form (a ``LearningRateSchedule``) is read where the optimizer computes it, by
     the optimizer tap (``collect.graph``); ``lr_on_host`` tells the two apart.
     """
-    if not lr_on_host(optimizer):
-        return None
     first = _first_lr(optimizer)
+    if not _readable(optimizer, first):
+        return None
     if getattr(optimizer, "dynamic_lr", False):
         return _listed_lr(optimizer, first)
     return to_float(first)
@@ -54,7 +54,11 @@ def lr_in_graph(optimizer: Any) -> bool:
 def lr_on_host(optimizer: Any) -> bool:
     """Whether ``read_lr`` can read this optimizer's lr (an lr Parameter or a list
     schedule), rather than only its own ``get_lr()`` inside its update."""
-    first = _first_lr(optimizer)
+    return _readable(optimizer, _first_lr(optimizer))
+
+
+def _readable(optimizer: Any, first: Any) -> bool:
+    """``lr_on_host`` for the first-group lr ``first`` (``_first_lr``) it looked up."""
     if first is None:
         return False
     if getattr(optimizer, "dynamic_lr", False):

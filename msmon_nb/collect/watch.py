@@ -302,10 +302,9 @@ class Watch:
                 watch._begin("opt")
             lr = None
             if watch.collect and watch._wants("learning_rate"):
-                if watch._guard(lr_on_host, opt):
-                    lr = watch._guard(read_lr, opt)
-                else:  # a schedule cell, or a get_lr() of its own: only its graph knows
-                    watch._install_tap()
+                lr = watch._guard(read_lr, opt)
+                if lr is None and not watch._guard(lr_on_host, opt):
+                    watch._install_tap()  # a schedule cell: only the optimizer's graph knows
             watch._in_opt += 1
             watch._depth += 1
             if top and watch.loss is not None and watch._gate_loss():
@@ -497,8 +496,8 @@ class Watch:
             return
         self.owner = owner
         opt = self._step_optimizer()
-        if opt is not None and self._guard(lr_on_host, opt):
-            self.lr = self._guard(read_lr, opt)
+        if opt is not None:
+            self.lr = self._guard(read_lr, opt)  # None unless its Parameters tell it
 
     def _install_tap(self) -> None:
         """Before the first graph step (or PyNative optimizer call whose lr only its graph

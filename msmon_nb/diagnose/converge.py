@@ -38,71 +38,64 @@ WINDOW = 15  # values in each median: enough to ride out a hard batch, short eno
 SLACK = math.log(10.0)
 
 
+class _Level:
+    """One series' recent median and where it started: the first value or the median of
+    the first ``window``, whichever is larger (set once that window is full)."""
+
+    __slots__ = ("first", "last", "start", "win")
+
+    def __init__(self, window: int) -> None:
+        self.win = RollingWindow(window)
+        self.first: float | None = None
+        self.last = 0.0
+        self.start: float | None = None
+
+    def add(self, value: float) -> None:
+        win = self.win
+        win.add(value)
+        self.last = value
+        if self.first is None:
+            self.first = value
+        if self.start is None and len(win) == win.size:
+            self.start = max(self.first, win.median())
+
+
 class Convergence:
     """Fed the loss and grad_norm of each step (``observe``, before the rules run);
     ``converged`` says whether the run is at its floor now (see the module docstring)."""
 
-    __slots__ = (
-        "_grad",
-        "_grad_first",
-        "_grad_last",
-        "_grad_start",
-        "_loss",
-        "_loss_first",
-        "_loss_start",
-        "companions",
-        "ratio",
-    )
+    __slots__ = ("_grad", "_loss", "companions", "ratio")
 
     def __init__(
         self, *, loss_tag: str, grad_tag: str, ratio: float = RATIO, window: int = WINDOW
     ) -> None:
         self.companions = (loss_tag, grad_tag)
         self.ratio = ratio
-        self._loss = RollingWindow(window)
-        self._grad = RollingWindow(window)
-        self._loss_first: float | None = None
-        self._grad_first: float | None = None
-        self._grad_last = 0.0
-        self._loss_start: float | None = None  # set once the first window is full
-        self._grad_start: float | None = None
+        self._loss = _Level(window)
+        self._grad = _Level(window)
 
     def observe(self, tag: str, value: float) -> None:
         """A finite loss or grad_norm of the current step."""
-        if tag == self.companions[0]:
-            win = self._loss
-            win.add(value)
-            if self._loss_first is None:
-                self._loss_first = value
-            if self._loss_start is None and len(win) == win.size:
-                self._loss_start = max(self._loss_first, win.median())
-        else:
-            win = self._grad
-            win.add(value)
-            self._grad_last = value
-            if self._grad_first is None:
-                self._grad_first = value
-            if self._grad_start is None and len(win) == win.size:
-                self._grad_start = max(self._grad_first, win.median())
+        (self._loss if tag == self.companions[0] else self._grad).add(value)
 
     @property
     def converged(self) -> bool:
         """True while the loss sits at a floor far below its start and grad_norm has not
         fallen further than the loss did."""
-        start = self._loss_start
+        start = self._loss.start
         if start is None or start <= 0.0:
             return False
-        level = self._loss.median()
+        level = self._loss.win.median()
         if not 0.0 <= level <= self.ratio * start:
             return False
-        g_start = self._grad_start
-        if g_start is None or g_start <= 0.0:
-            return g_start is None and len(self._grad) == 0  # no grad_norm: the loss alone
+        grad = self._grad
+        if grad.start is None or grad.start <= 0.0:
+            return grad.first is None  # no grad_norm at all: the loss alone
         fallen = math.inf if level == 0.0 else math.log(start / level)
-        if _fall(g_start, self._grad.median()) > fallen:
+        if _fall(grad.start, grad.win.median()) > fallen:
             return False
         # a collapse is judged at once, not after the median has followed it
-        return _fall(g_start, self._grad_last) <= fallen + SLACK
+        return _fall(grad.start, grad.last) <= fallen + SLACK
 
 
 def _fall(start: float, now: float) -> float:
