@@ -57,3 +57,13 @@ class OverheadBudget:
         self.last_share = share
         self.reset()
         return interval * 2
+
+
+def widening_message(share: float, budget: float, step: int, before: int, wider: int) -> str:
+    """What the user is told (once, and as an ``overhead_budget`` alert) when the
+    interval first widens: the measured share, the budget, and how to set a new floor."""
+    return (
+        f"collecting costs {share:.1%} of training time (overhead_budget {budget:.1%}), so "
+        f"from step {step} on it collects every {wider} steps instead of every {before} (it "
+        "widens again if still over; mon.set_collect_freq(n) sets a new floor)"
+    )

@@ -7,7 +7,9 @@ maps MindFormers' ``monitor_config`` keys onto ours; ``model`` is ``MonitorConfi
 """
 
 from msmon_nb.config.checks import (
+    COMPUTE_TAG,
     CORE_METRICS,
+    DATA_TAG,
     KNOWN_METRICS,
     MONITOR_TYPES,
     OPTIONAL_METRICS,
@@ -22,7 +24,9 @@ from msmon_nb.config.model import ALIASES, MonitorConfig, run_name_from
 
 __all__ = [
     "ALIASES",
+    "COMPUTE_TAG",
     "CORE_METRICS",
+    "DATA_TAG",
     "KNOWN_METRICS",
     "MONITOR_TYPES",
     "OPTIONAL_METRICS",

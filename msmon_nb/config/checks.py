@@ -14,6 +14,9 @@ from typing import Any
 
 CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
 OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system")
+# where a step's time went (recorded by collect, judged by diagnose's data_bound rule)
+DATA_TAG = "train/data_time"
+COMPUTE_TAG = "train/compute_time"
 KNOWN_METRICS = CORE_METRICS + OPTIONAL_METRICS
 MONITOR_TYPES = ("summary", "mindinsight", "file", "mlflow", "tensorboard")
 

@@ -12,11 +12,12 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from msmon_nb.config import COMPUTE_TAG, DATA_TAG
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
-from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG, DataBound
+from msmon_nb.diagnose.pipeline import DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 

@@ -7,9 +7,6 @@ import statistics
 
 from msmon_nb.diagnose.base import Finding, Streak
 
-DATA_TAG = "train/data_time"
-COMPUTE_TAG = "train/compute_time"
-
 
 class DataBound:
     """Steps spend ``share`` or more of their time waiting for data, over ``window`` steps,

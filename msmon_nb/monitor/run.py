@@ -1,9 +1,11 @@
 """``Monitor``: one run, fed by any of the three ways in, feeding every output.
 
 The three ways in -- ``mon.step(...)``, ``mon.callback()`` for ``Model.train`` and
-``mon.watch()`` for unchanged functional loops -- all end in ``_record_step``, so they
+``mon.watch()`` for unchanged functional loops -- all end in ``record_step``, so they
 produce the same records. A step is *collected* when its index is a multiple of the
-collection frequency; on other steps only a counter moves.
+collection frequency; on other steps only a counter moves. What a collected step's
+tensors are worth in numbers is collect's business (``collect.collector``): the Monitor
+gets plain ``{tag: float}`` and passes it on with ``emit``.
 
 Step boundaries are where the user can act on a running loop: the panel's pause and
 stop, and alert actions, take effect there. ``StopTraining`` (a ``BaseException``, so a
@@ -13,10 +15,7 @@ user's ``except Exception`` does not swallow it) ends a loop cleanly; ``watch()`
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import logging
-import sys
 import time
 import warnings
 import weakref
@@ -24,78 +23,27 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from msmon_nb.collect.budget import OverheadBudget
+from msmon_nb.collect.budget import widening_message
+from msmon_nb.collect.collector import StepCollector, expected_tags
 from msmon_nb.collect.comm import attach
-from msmon_nb.collect.devnorm import DeferredNorm
-from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
-from msmon_nb.collect.rankinfo import detect, shared_run_name
+from msmon_nb.collect.rankinfo import detect
 from msmon_nb.collect.recorder import StepInputs, StopTraining
-from msmon_nb.collect.tensors import to_float
-from msmon_nb.collect.values import TAGS, step_values
 from msmon_nb.collect.watch import Watch
 from msmon_nb.config import ConfigError, MonitorConfig, MonitorWarning, check_tag
 from msmon_nb.diagnose.alert import Alert
-from msmon_nb.diagnose.pipeline import COMPUTE_TAG, DATA_TAG
-from msmon_nb.metrics.series import SeriesStore
+from msmon_nb.monitor import registry
 from msmon_nb.monitor.actions import Actions
-from msmon_nb.monitor.batch import EmitBatch
+from msmon_nb.monitor.opening import open_run
+from msmon_nb.monitor.outlet import Outlet
 from msmon_nb.monitor.rankwatch import RankWatcher
 from msmon_nb.monitor.records import RunRecords
-from msmon_nb.rundir import (
-    backup_config,
-    claim_rank_dir,
-    claim_run_dir,
-    default_run_name,
-    environment,
-    write_marker,
-)
+from msmon_nb.rundir import write_marker
 from msmon_nb.rundir.control import ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
 from msmon_nb.sinks.factory import make_sinks
 
 log = logging.getLogger(__name__)
-
-_OPEN: list[Monitor] = []
-
-
-def active() -> Monitor | None:
-    """The most recently opened monitor that is still open."""
-    return _OPEN[-1] if _OPEN else None
-
-
-def snapshot(tensors: Any = None, step: int | None = None, reason: str = "manual"):
-    """``mon.snapshot(...)`` on the active monitor: handy from a breakpoint or debug console."""
-    mon = active()
-    if mon is None:
-        raise ConfigError(
-            "mm.snapshot(): no monitor is active; call it while a monitored loop runs "
-            "(%%msmonitor cell, `with Monitor(...)`), or use mon.snapshot(...)"
-        )
-    return mon.snapshot(tensors, step=step, reason=reason)
-
-
-_CRASHED: list[bool] = []
-
-
-def _watch_for_crash() -> None:
-    """Chain sys.excepthook once, so a monitor left open at exit knows whether it crashed."""
-    if getattr(sys.excepthook, "_msmon", False):
-        return
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        _CRASHED.append(True)
-        previous(exc_type, exc, tb)
-
-    hook._msmon = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
-
-
-@atexit.register
-def _close_open_monitors() -> None:
-    for mon in list(_OPEN):
-        mon.close("interrupted" if _CRASHED else None)
 
 
 class Monitor:
@@ -114,7 +62,6 @@ class Monitor:
             cfg = cfg.replace(**overrides)
         self.config = cfg
         self.collect_freq = cfg.log_interval
-        self.series = SeriesStore()
         self.alerts: list[Any] = []
         self.snapshots: list[dict[str, Any]] = []
         self.step_count = 0
@@ -125,45 +72,39 @@ class Monitor:
         self.run_name: str | None = None
         self.ranks = detect()
         self.paused = False
+        self.enabled = cfg.enable_monitor
+        self.collector = StepCollector(cfg, self.guard, self.warn_once)
+        self.outlet = Outlet(self.guard)
+        self.series = self.outlet.series  # the live series (the panel draws it)
+        self.records = RunRecords(None, self.guard)  # alerts/snapshots.jsonl (none yet)
         self._stop_requested = False
         self._stop_reason: str | None = None
         self._stopped = False
-        self._sinks = Fanout([])
-        self._batch = EmitBatch()  # scalars held back (hold_emits)
-        self.records = RunRecords(None, self._guard)  # alerts/snapshots.jsonl (none yet)
         self._control: ControlReader | None = None  # msmon ctl commands (rundir.control)
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
         self._warned: set[str] = set()
         self._marker: dict[str, Any] = {}
-        self._t_mark: float | None = None
-        self._steps_since = 0
-        self._samples_since = 0
-        self._data_secs = 0.0  # summed since the last collected step, when the way in knows
-        self._compute_secs = 0.0
         self._attach_reported = False
-        self.enabled = cfg.enable_monitor
-        self._actions: Any = None
-        self._rankwatch: Any = None
-        self._comm: Any = None  # collect.comm.CommTap in a distributed job
-        self._optstate: Any = None  # collect.optstate.OptimizerState, made at first use
-        self._late = DeferredNorm()  # a device grad_norm launched, read at the next step
+        self._actions: Actions | None = None
+        self._rankwatch: RankWatcher | None = None
         self._callbacks: list[weakref.ref] = []  # the Model.train callbacks made here
-        self._budget = OverheadBudget(cfg.overhead_budget) if cfg.overhead_budget else None
-        if self.enabled:
-            try:
-                self._open()
-            except OSError as exc:  # a read-only or missing disk must not stop training
-                self.run_dir = None
-                self.status = "running"
-                self._t_mark = time.perf_counter()
-                _OPEN.append(self)
-                self._warn_once(
-                    "open",
-                    f"cannot create a run in {cfg.save_dir!r} ({exc.strerror or exc}; is it "
-                    "read-only or full?); curves stay live in the notebook but nothing is "
-                    "written to disk",
-                )
-            self._actions = Actions(self)
+        if not self.enabled:
+            return
+        try:
+            self._open()
+        except OSError as exc:  # a read-only or missing disk must not stop training
+            self.run_dir = None
+            self.warn_once(
+                "open",
+                f"cannot create a run in {cfg.save_dir!r} ({exc.strerror or exc}; is it "
+                "read-only or full?); curves stay live in the notebook but nothing is "
+                "written to disk",
+            )
+        self.status = "running"
+        self.collector.mark_start(restart=True)
+        registry.opened(self)
+        self._actions = Actions(self)
+        self.outlet.observe = self._actions.observe
 
     def __repr__(self) -> str:
         run_dir = str(self.run_dir)
@@ -172,45 +113,21 @@ class Monitor:
     # --- lifecycle ----------------------------------------------------------------------
 
     def _open(self) -> None:
-        cfg = self.config
-        ranks = self.ranks
-        if ranks.distributed:
-            name = cfg.run_name or shared_run_name(cfg.model_name)
-            self.run_dir, self.write_dir = claim_rank_dir(cfg.save_dir, name, ranks.rank)
-        else:
-            name = cfg.run_name or default_run_name(cfg.model_name)
-            self.run_dir = self.write_dir = claim_run_dir(cfg.save_dir, name)
+        """The run on disk (``monitor.opening``), its outputs, the control file, and in a
+        distributed job the cross-rank watcher (rank 0) and the all-reduce tap."""
+        opened = open_run(self.config, self.ranks)
+        self.run_dir, self.write_dir, self._marker = opened.run_dir, opened.write_dir, opened.marker
         self.run_name = self.run_dir.name
-        if cfg.run_name and self.run_name != cfg.run_name:
-            warnings.warn(
-                f"msmon: run {cfg.run_name!r} already exists in {cfg.save_dir}; "
-                f"writing to {self.run_name!r} instead, so runs never mix",
-                MonitorWarning,
-                stacklevel=3,
-            )
-        backup_config(self.write_dir, cfg.to_dict(), getattr(cfg, "_source", None))
-        self._marker = {
-            "run_name": self.run_name,
-            "project_name": cfg.project_name,
-            "status": "running",
-            "start": time.time(),
-            "rank": ranks.rank,
-            "ranks": ranks.size,
-            "config": cfg.to_dict(),
-            **environment(),
-        }
-        write_marker(self.write_dir, self._marker)
-        self._sinks = make_sinks(cfg.sink_types, self.write_dir, rank=ranks.rank, config=cfg)
-        self.records = RunRecords(self.write_dir, self._guard)
-        self._control = ControlReader(self.run_dir, ranks.rank)
-        if ranks.distributed and ranks.rank == 0:
+        rank = self.ranks.rank
+        self.outlet.sinks = make_sinks(
+            self.config.sink_types, self.write_dir, rank=rank, config=self.config
+        )
+        self.records = RunRecords(self.write_dir, self.guard)
+        self._control = ControlReader(self.run_dir, rank)
+        if self.ranks.distributed and rank == 0:
             self._rankwatch = RankWatcher(self).start()
-        if ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
-            self._comm = attach(self)
-        self.status = "running"
-        self._t_mark = time.perf_counter()
-        _OPEN.append(self)
-        _watch_for_crash()
+        if self.ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
+            self.collector.comm = attach(self)
 
     def close(self, status: str | None = None) -> None:
         """Flush and close every output; mark the run finished, stopped or interrupted."""
@@ -219,20 +136,18 @@ class Monitor:
         if status is None:
             status = "stopped" if self._stopped else "finished"
         self.status = status
-        if self in _OPEN:
-            _OPEN.remove(self)
+        registry.closed(self)
         for ref in self._callbacks:  # a Model.train that raised never ran on_train_end
             callback = ref()
             if callback is not None:
-                self._guard("unwrapping after Model.train", callback.release)
+                self.guard("unwrapping after Model.train", callback.release)
         if self._actions is not None:
-            self._guard("unwrapping the optimizers", self._actions.close)
-        if self._comm is not None:
-            self._guard("unwrapping the gradient all-reduce", self._comm.uninstall)
-        if self._late.pending is not None:  # the last collected step's device grad_norm
-            self._record_late_norm()
-        self._release_held()
-        self._sinks.close()
+            self.guard("unwrapping the optimizers", self._actions.close)
+        if self.collector.comm is not None:
+            self.guard("unwrapping the gradient all-reduce", self.collector.comm.uninstall)
+        self._emit_late()  # the last collected step's device grad_norm
+        self.outlet.release()
+        self.outlet.sinks.close()
         if self._rankwatch is not None:  # after our own records reached the disk
             self._rankwatch.close()
         if self.run_dir is None:
@@ -243,15 +158,15 @@ class Monitor:
             steps=self.step_count,
             last_step=self.last_step,
             alerts=len(self.alerts),
-            failed_outputs=self._sinks.failed,
+            failed_outputs=self.outlet.sinks.failed,
         )
         try:
             write_marker(self.write_dir, self._marker)
         except OSError as exc:
-            if self._sinks.failed:  # the same disk fault was already reported once
+            if self.outlet.sinks.failed:  # the same disk fault was already reported once
                 log.debug("msmon: cannot update the marker of %s: %s", self.run_dir, exc)
             else:
-                self._warn_once("marker", f"cannot update {self.run_dir}/msmon_run.json: {exc}")
+                self.warn_once("marker", f"cannot update {self.run_dir}/msmon_run.json: {exc}")
 
     def __enter__(self) -> Monitor:
         return self
@@ -291,8 +206,7 @@ class Monitor:
             check_tag(tag, "mon.step() metric")
         if step is not None:
             self.step_count = int(step)
-        if self._t_mark is None:
-            self._t_mark = time.perf_counter()
+        self.collector.mark_start()
         inputs = StepInputs(
             loss=loss,
             grads=grads,
@@ -303,8 +217,8 @@ class Monitor:
             optimizer=optimizer,
             extra=metrics or None,
         )
-        self._record_step(inputs, collect=self.will_collect(self.step_count))
-        self._boundary(raise_stop=True)
+        self.record_step(inputs, collect=self.will_collect(self.step_count))
+        self.boundary(raise_stop=True)
 
     def log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Record extra scalars (``{"val/f1": 0.81}``) at ``step`` (default: the last step)."""
@@ -347,8 +261,8 @@ class Monitor:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"collect frequency {n!r} must be a whole number >= 1, e.g. 10")
         self.collect_freq = n
-        if self._budget is not None:  # the user's new interval is the new floor
-            self._budget.reset()
+        if self.collector.budget is not None:  # the user's new interval is the new floor
+            self.collector.budget.reset()
 
     def will_collect(self, step: int) -> bool:
         """True when ``step`` is a collected step under the current frequency."""
@@ -391,52 +305,69 @@ class Monitor:
     # --- the Recorder interface (collect/recorder.py): what the ways in call -----------
 
     def record_step(self, inputs: StepInputs, *, collect: bool) -> None:
-        """Count a finished step; on collected steps compute and emit its scalars."""
-        self._record_step(inputs, collect)
+        """Count a finished step; on collected steps emit its scalars (``collect.collector``)."""
+        step = self.step_count
+        self._emit_late()  # step >= s+1 was dispatched: s's device norm reads at once
+        actions = self._actions
+        if actions is not None and actions.skip_kinds:
+            # before the step counts: the skip alert and a stop land on this step
+            self.guard("checking for a skipped update", actions.after_update, step, collect)
+        self.step_count = step + 1
+        self.last_step = step
+        values = self.collector.finish(inputs, step, collect)
+        if not collect:
+            return
+        if actions is not None and (inputs.params is not None or inputs.grads is not None):
+            self.guard("keeping step tensors", actions.tensors, step, inputs.params, inputs.grads)
+        if values is None:
+            return
+        self.emit(step, values)
+        wider = self.collector.widened(self.collect_freq)
+        if wider is not None:
+            self._widen(step, wider)
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
         """Where the step's time went: waiting for the next batch, or computing."""
-        self._add_timing(data_secs, compute_secs)
+        self.collector.add_timing(data_secs, compute_secs)
 
     def mark_step_start(self, restart: bool = False) -> None:
         """Step time counts from now: for the first step, or always with ``restart``."""
-        if restart:
-            self._t_mark = time.perf_counter()
-        else:
-            self._mark_step_start()
-
-    def boundary(self, raise_stop: bool) -> bool:
-        """Run the step-boundary controls; True when the loop must stop."""
-        return self._boundary(raise_stop)
+        self.collector.mark_start(restart)
 
     def skip_gate(self) -> Any:
         """The ``collect.skip.SkipGate`` a way in puts before the optimizer update when
         ``alerts`` asks for ``action: skip``; None otherwise (or if it cannot be made)."""
         if self._actions is None or not self._actions.skip_kinds:
             return None
-        return self._guard("making the skip gate", self._actions.skip_gate)
+        return self.guard("making the skip gate", self._actions.skip_gate)
 
     @property
     def outputs(self) -> Fanout:
         """The outputs the run writes to (``sinks.base.Fanout``): a failing one is warned
         about once and dropped, the rest go on."""
-        return self._sinks
+        return self.outlet.sinks
 
-    def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``; on failure warn once and return None (training goes on)."""
-        return self._guard(what, fn, *args)
+    def guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run monitoring code ``fn(*args)``; on failure warn once and return None
+        (training must not die). ``StopTraining`` passes: it is how a loop is ended."""
+        try:
+            return fn(*args, **kwargs)
+        except StopTraining:
+            raise
+        except Exception as exc:
+            self.warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); training goes on")
+            log.debug("msmon: %s failed", what, exc_info=True)
+            return None
 
-    def warn_once(self, key: str, message: str) -> None:
+    def warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
         """One ``MonitorWarning`` per ``key``."""
-        self._warn_once(key, message, stacklevel=4)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=stacklevel)
 
     def attached(self, how: str) -> None:
         """A way in is active (``verbose`` prints where the run goes)."""
-        self._attached(how)
-
-    # --- internals ----------------------------------------------------------------------
-
-    def _attached(self, how: str) -> None:
         if self.config.verbose and not self._attach_reported:
             self._attach_reported = True
             print(
@@ -444,139 +375,18 @@ class Monitor:
                 f"steps; {mindspore_brief()})"
             )
 
-    def _mark_step_start(self) -> None:
-        if self._t_mark is None:
-            self._t_mark = time.perf_counter()
-
-    def _add_timing(self, data_secs: float, compute_secs: float) -> None:
-        """Where the step's time went: waiting for the next batch, or computing."""
-        self._data_secs += max(0.0, data_secs)
-        self._compute_secs += max(0.0, compute_secs)
-
-    def _record_step(self, inputs: StepInputs, collect: bool) -> None:
-        """Count a finished step; on collected steps compute and emit its scalars."""
-        step = self.step_count
-        if self._late.pending is not None:  # step >= s+1 was dispatched: read s's norm
-            self._record_late_norm()
-        if self._actions is not None and self._actions.skip_kinds:
-            # before the step counts: the skip alert and a stop land on this step
-            self._guard("checking for a skipped update", self._actions.after_update, step, collect)
-        self.step_count = step + 1
-        self.last_step = step
-        self._steps_since += 1
-        self._samples_since += inputs.batch_size or self.config.batch_size or 0
-        if not collect:
-            return
-        now = time.perf_counter()
-        cpu = 0.0
-        if self._budget is not None:
-            if inputs.loss is not None:  # reading it waits for the step itself: not our cost
-                loss = self._guard("reading the loss", to_float, inputs.loss)
-                inputs = dataclasses.replace(inputs, loss=loss)
-            cpu = time.thread_time()
-        step_time = (now - self._t_mark) / self._steps_since if self._t_mark is not None else None
-        samples = self._samples_since
-        values = self._guard(
-            "collecting step values",
-            step_values,
-            self.config,
-            inputs,
-            step,
-            step_time,
-            int(samples),
-            self._late,
-        )
-        if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
-            values[DATA_TAG] = self._data_secs / self._steps_since
-            values[COMPUTE_TAG] = self._compute_secs / self._steps_since
-        if values is not None and self._comm is not None:
-            self._guard("recording the all-reduce wait", self._comm.add_values, values)
-        self._t_mark = time.perf_counter()
-        self._steps_since = 0
-        self._samples_since = 0
-        self._data_secs = self._compute_secs = 0.0
-        if self._actions is not None and (inputs.params is not None or inputs.grads is not None):
-            self._guard(
-                "keeping step tensors", self._actions.tensors, step, inputs.params, inputs.grads
-            )
-        if values is None:
-            return
-        if self.config.tracks("optimizer_state"):
-            values.update(self._optimizer_state(inputs.optimizer))
-        if inputs.extra:
-            values.update({tag: float(v) for tag, v in inputs.extra.items()})
-        self.emit(step, values)
-        if self._budget is not None:
-            self._check_budget(step, cpu, step_time)
-
-    def _record_late_norm(self) -> None:
-        """Record the device grad_norm launched at an earlier collected step, at that
-        step (``collect.devnorm``: read one step late so the read never stalls)."""
-        got = self._guard("reading the device grad_norm", self._late.take)
-        if got is not None:
-            self.emit(got[0], {TAGS["grad_norm"]: got[1]})
-
-    def _check_budget(self, step: int, started: float, step_time: float | None) -> None:
-        """``overhead_budget``: double the interval when collecting costs too much
-        (``collect.budget``); the first widening is reported once, as a warning and as
-        an alert in the run. The cost is this thread's CPU time, so that time the OS
-        gave to other processes (a shared machine) is not counted as ours."""
-        cost = time.thread_time() - started
-        wider = self._budget.observe(cost, step_time, self.collect_freq)
-        if wider is None:
-            return
-        before, self.collect_freq = self.collect_freq, wider
-        share = self._budget.last_share or 0.0
-        if "overhead_budget" in self._warned:
-            log.info("msmon: collection interval widened to every %d steps", wider)
-            return
-        message = (
-            f"collecting costs {share:.1%} of training time (overhead_budget "
-            f"{self.config.overhead_budget:.1%}), so from step {step} on it collects every "
-            f"{wider} steps instead of every {before} (it widens again if still over; "
-            "mon.set_collect_freq(n) sets a new floor)"
-        )
-        self._warn_once("overhead_budget", message)
-        alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
-        self.alerts.append(alert)
-        self.records.alert(alert)
-
-    def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
-        """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
-        if optimizer is None:
-            self._warn_once("optimizer_state none", missing_optimizer_message())
-            return {}
-        if self._optstate is None:
-            self._optstate = OptimizerState(self.config.param_targets, self._warn_once)
-        return self._guard("reading the optimizer state", self._optstate.read, optimizer) or {}
-
     def expected_tags(self) -> list[str]:
-        """The scalar tags this monitor will record that are known before the first step
-        (the panel builds its figure for them): the tracked core metrics, the step-time
-        split of watched loops and ``Model.train``, and the system metrics."""
-        cfg = self.config
-        tags = [tag for metric, tag in TAGS.items() if cfg.tracks(metric)]
-        if cfg.tracks("step_time"):
-            tags += [DATA_TAG, COMPUTE_TAG]
-        if cfg.tracks("system"):
-            from msmon_nb.collect.system import SYSTEM_TAGS
+        """The scalar tags known before the first step (``collect.collector.expected_tags``):
+        the panel builds its figure for them."""
+        return expected_tags(self.config)
 
-            tags += SYSTEM_TAGS
-        return tags
+    # --- scalars to the series, the outputs and the rules --------------------------------
 
     def emit(self, step: int, values: Mapping[str, float]) -> None:
-        """Scalars of ``step`` to the live series, every output and the rules: how the
-        ways in, the actions and ``log`` record (one path, so nothing skips the rules).
-        Under ``hold_emits`` fast steps' scalars go on in batches, in order."""
-        if not values:
-            return
-        wall = time.time()
-        batch = self._batch
-        if batch.on and batch.hold(step, wall, values):
-            if batch.due():
-                self._release_held()
-            return
-        self._pass_on([(step, wall, dict(values))])
+        """Scalars of ``step`` to the live series, every output and the rules
+        (``monitor.outlet``): how the ways in, the actions and ``log`` record (one path,
+        so nothing skips the rules)."""
+        self.outlet.emit(step, values)
 
     def hold_emits(self, on: bool) -> None:
         """Let ``emit`` hold the scalars of collected steps that come less than 20 ms
@@ -587,46 +397,49 @@ class Monitor:
         callback). Not while an alert would act on the step it fires at (``snapshot``,
         ``stop``, ``debug``, ``skip``, ``break_on``, a flight recorder): then every step
         is judged as it ends. Off: what is held goes on now."""
-        self._batch.on = on and (self._actions is None or self._actions.can_wait())
-        if not self._batch.on:
-            self._release_held()
+        batch = self.outlet.batch
+        batch.on = on and (self._actions is None or self._actions.can_wait())
+        self.outlet.release(when=not batch.on)
 
-    def _release_held(self) -> None:
-        """Pass the held scalars on (``_pass_on``), if any."""
-        items = self._batch.take()
-        if items:
-            self._pass_on(items)
+    def flush(self) -> None:
+        """Push everything recorded so far to disk."""
+        self.outlet.release()
+        self.outlet.sinks.flush()
 
-    def _pass_on(self, items: list[tuple[int, float, dict[str, float]]]) -> None:
-        """Scalars of one or more steps to the series, the outputs and the rules: each
-        takes the whole list in turn (its code and data stay in the caches), the rules
-        last, in step order."""
-        for step, wall, values in items:
-            self.series.add(step, wall, values)
-        for step, wall, values in items:
-            self._sinks.scalars(step, wall, values)
-        if self._actions is not None:
-            for step, _, values in items:
-                self._guard("diagnosing", self._actions.observe, step, values)
+    def _emit_late(self) -> None:
+        """The device grad_norm an earlier collected step launched, recorded at that step
+        (``collect.devnorm``: read one step late so the read never stalls)."""
+        late = self.collector.late()
+        if late is not None:
+            self.emit(*late)
 
-    def _boundary(self, raise_stop: bool) -> bool:
+    def _widen(self, step: int, wider: int) -> None:
+        """``overhead_budget`` widened the interval: the first time, a warning and an
+        ``overhead_budget`` alert in the run say so; later widenings are logged."""
+        before, self.collect_freq = self.collect_freq, wider
+        if "overhead_budget" in self._warned:
+            log.info("msmon: collection interval widened to every %d steps", wider)
+            return
+        budget = self.collector.budget
+        share = (budget.last_share if budget is not None else None) or 0.0
+        limit = self.config.overhead_budget or 0.0
+        message = widening_message(share, limit, step, before, wider)
+        self.warn_once("overhead_budget", message)
+        alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
+        self.alerts.append(alert)
+        self.records.alert(alert)
+
+    # --- step boundaries ------------------------------------------------------------------
+
+    def boundary(self, raise_stop: bool) -> bool:
         """Run the step-boundary controls; returns True when the loop must stop."""
         if self._actions is not None and self._actions.pending_debug is not None:
             self._actions.at_boundary()  # a debugger session is the user's: not guarded
-        control = self._control
-        if control is not None and control.due(time.monotonic()):  # ~0.1 us between polls
-            self._guard("reading msmon ctl commands", self._obey)
-        for hook in list(self._boundary_hooks):
-            self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
-        batch = self._batch
-        if batch.items and (self.paused or self._stop_requested or batch.due()):
-            self._release_held()
+        self._poll()
+        self.outlet.release(self.paused or self._stop_requested or self.outlet.batch.due())
         while self.paused and not self._stop_requested:
-            if control is not None and control.due(time.monotonic()):
-                self._guard("reading msmon ctl commands", self._obey)
-            for hook in list(self._boundary_hooks):
-                self._guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
             time.sleep(0.05)
+            self._poll()
         if self._stop_requested:
             self._stop_requested = False
             self._stopped = True
@@ -635,6 +448,15 @@ class Monitor:
                 raise StopTraining(f"msmon: stopped at step {self.last_step}{why}")
             return True
         return False
+
+    def _poll(self) -> None:
+        """What may act at a boundary: ``msmon ctl`` commands (every 0.1 us is all a
+        poll costs between reads) and the boundary hooks (the panel's UI events)."""
+        control = self._control
+        if control is not None and control.due(time.monotonic()):
+            self.guard("reading msmon ctl commands", self._obey)
+        for hook in list(self._boundary_hooks):
+            self.guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
 
     def _obey(self) -> None:
         """Apply the commands ``msmon ctl`` or the viewer appended to the run's control
@@ -668,32 +490,3 @@ class Monitor:
             taken = self.snapshot(reason=f"ctl{by}")
             return f"snapshot of {len(taken)} tensors at step {self.last_step}"
         raise ValueError(f"unknown command {cmd!r}")
-
-    def _guarded_finish(self, fn: Callable[[], None], raise_stop: bool) -> None:
-        try:
-            fn()
-        except StopTraining:
-            if raise_stop:
-                raise
-
-    def _guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run monitoring code; on failure warn once and carry on (training must not die)."""
-        try:
-            return fn(*args, **kwargs)
-        except StopTraining:
-            raise
-        except Exception as exc:
-            self._warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); training goes on")
-            log.debug("msmon: %s failed", what, exc_info=True)
-            return None
-
-    def _warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=stacklevel)
-
-    def flush(self) -> None:
-        """Push everything recorded so far to disk."""
-        self._release_held()
-        self._sinks.flush()

@@ -104,7 +104,7 @@ def test_explicit_loop_moment_norms_at_collected_steps(tmp_path, name, path):
     run = load_run(mon.run_dir)
     check_against(run, expected)
     assert sorted(expected) == [0, 3, 6, 9]
-    assert mon._optstate.reads == 4  # one reduction per collected step, none between
+    assert mon.collector.optimizer_reads == 4  # one reduction per collected step, none between
     assert len(recorded(run)) == len(attrs) * 4  # 4 parameters: 2 weights, 2 biases
 
 
@@ -165,7 +165,7 @@ def test_watched_loop_with_mindformers_target_and_invert(tmp_path, path):
         "param/2.weight/moment2_norm",
     }
     assert mon.step_count == STEPS  # every step counted, every other one collected
-    assert mon._optstate.reads == STEPS // 2
+    assert mon.collector.optimizer_reads == STEPS // 2
 
 
 def test_jit_step_finds_its_optimizer_and_our_graph_is_no_step(tmp_path, path):
@@ -253,7 +253,7 @@ def test_model_train_reads_the_callbacks_optimizer(tmp_path, mode, path):
         ms.set_context(mode=ms.PYNATIVE_MODE)
     assert sorted(reference.by_step) == [3, 6, 9, 12, 15]  # MindSpore numbers steps from 1
     check_against(load_run(mon.run_dir), reference.by_step)
-    assert mon._optstate.reads == 5
+    assert mon.collector.optimizer_reads == 5
 
 
 def test_sgd_without_momentum_warns_once_and_training_goes_on(tmp_path):

@@ -38,13 +38,13 @@ def big_loop(hidden: int = 1024, blocks: int = 3):
 def watch_shares(mon: Monitor) -> list[float | None]:
     """The cost shares the budget is fed (for the failure message and the log)."""
     shares: list[float | None] = []
-    check = mon._budget.observe
+    check = mon.collector.budget.observe
 
     def observe(cost, step_time, interval):
         shares.append(cost / (interval * step_time) if step_time else None)
         return check(cost, step_time, interval)
 
-    mon._budget.observe = observe
+    mon.collector.budget.observe = observe
     return shares
 
 

@@ -1,0 +1,161 @@
+"""``StepCollector``: a finished step's tensors in, the Monitor's plain scalars out.
+
+The ways in hand over ``StepInputs`` (MindSpore tensors, numpy, numbers). Turning them
+into numbers is collect's job, so the Monitor never touches a tensor and never calls
+back into collect's value code: it gets ``{tag: float}`` per collected step and passes
+it on. What is gathered here, all of it read only on collected steps:
+
+- the step's own values (``collect.values.step_values``: loss, grad_norm, lr, ...);
+- grad_norm launched on the device and read one step late (``collect.devnorm``), handed
+  out by ``late()`` for the step it belongs to, so the read never stalls a step;
+- step time and throughput since the previous collected step, and where that time went
+  (waiting for data, or computing) when the way in knows;
+- the optimizer's moment norms (``collect.optstate``) and the all-reduce wait
+  (``collect.comm``, in a distributed job);
+- ``overhead_budget``: this thread's CPU time spent on a collected step, from which
+  ``collect.budget`` decides whether the interval must widen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from msmon_nb.collect.budget import OverheadBudget
+from msmon_nb.collect.devnorm import DeferredNorm
+from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
+from msmon_nb.collect.recorder import StepInputs
+from msmon_nb.collect.tensors import to_float
+from msmon_nb.collect.values import TAGS, step_values
+from msmon_nb.config import COMPUTE_TAG, DATA_TAG, MonitorConfig
+
+
+def expected_tags(config: MonitorConfig) -> list[str]:
+    """The scalar tags a run with ``config`` records that are known before its first step
+    (the panel lays out its charts for them): the tracked core metrics, the step-time
+    split of watched loops and ``Model.train``, and the system metrics."""
+    tags = [tag for metric, tag in TAGS.items() if config.tracks(metric)]
+    if config.tracks("step_time"):
+        tags += [DATA_TAG, COMPUTE_TAG]
+    if config.tracks("system"):
+        from msmon_nb.collect.system import SYSTEM_TAGS
+
+        tags += SYSTEM_TAGS
+    return tags
+
+
+class StepCollector:
+    """Counts every step and computes the scalars of the collected ones (module docstring).
+
+    ``guard(what, fn, *args)`` runs monitoring code so that a failure warns once and
+    returns None (training goes on); ``warn_once(key, message)`` is the run's one warning
+    per key. Both come from the Monitor.
+    """
+
+    def __init__(
+        self,
+        config: MonitorConfig,
+        guard: Callable[..., Any],
+        warn_once: Callable[[str, str], None],
+    ) -> None:
+        self.config = config
+        self.comm: Any = None  # collect.comm.CommTap in a distributed job
+        self.budget = OverheadBudget(config.overhead_budget) if config.overhead_budget else None
+        self._guard = guard
+        self._warn_once = warn_once
+        self._late = DeferredNorm()
+        self._optstate: OptimizerState | None = None  # made at first use
+        self._t_mark: float | None = None  # when the steps since the last collected began
+        self._steps = 0  # since the last collected step
+        self._samples = 0
+        self._data_secs = 0.0  # summed since the last collected step, when the way in knows
+        self._compute_secs = 0.0
+        self._cpu_start = 0.0
+        self._step_time: float | None = None  # of the last collected step
+
+    @property
+    def optimizer_reads(self) -> int:
+        """How many times the optimizer's moments were reduced (one per collected step)."""
+        return self._optstate.reads if self._optstate is not None else 0
+
+    def mark_start(self, restart: bool = False) -> None:
+        """Step time counts from now: for the first step, or always with ``restart``."""
+        if restart or self._t_mark is None:
+            self._t_mark = time.perf_counter()
+
+    def add_timing(self, data_secs: float, compute_secs: float) -> None:
+        """Where the step's time went: waiting for the next batch, or computing."""
+        self._data_secs += max(0.0, data_secs)
+        self._compute_secs += max(0.0, compute_secs)
+
+    def late(self) -> tuple[int, dict[str, float]] | None:
+        """``(step, {grad_norm tag: value})`` of the device grad_norm an earlier collected
+        step launched, read now (a later step was dispatched, so the read waits for
+        nothing); None when none is pending or it could not be read."""
+        if self._late.pending is None:
+            return None
+        got = self._guard("reading the device grad_norm", self._late.take)
+        return None if got is None else (got[0], {TAGS["grad_norm"]: got[1]})
+
+    def finish(self, inputs: StepInputs, step: int, collect: bool) -> dict[str, float] | None:
+        """Count step ``step``; on a collected step return its scalars (None when they
+        could not be computed, or on a step that is not collected)."""
+        self._steps += 1
+        self._samples += inputs.batch_size or self.config.batch_size or 0
+        if not collect:
+            return None
+        if self.budget is not None:
+            if inputs.loss is not None:  # reading it waits for the step itself: not our cost
+                loss = self._guard("reading the loss", to_float, inputs.loss)
+                inputs = dataclasses.replace(inputs, loss=loss)
+            self._cpu_start = time.thread_time()
+        now = time.perf_counter()
+        steps = self._steps
+        step_time = (now - self._t_mark) / steps if self._t_mark is not None else None
+        self._step_time = step_time
+        values = self._guard(
+            "collecting step values",
+            step_values,
+            self.config,
+            inputs,
+            step,
+            step_time,
+            self._samples,
+            self._late,
+        )
+        if values is not None and self.config.tracks("step_time") and self._compute_secs > 0:
+            values[DATA_TAG] = self._data_secs / steps
+            values[COMPUTE_TAG] = self._compute_secs / steps
+        if values is not None and self.comm is not None:
+            self._guard("recording the all-reduce wait", self.comm.add_values, values)
+        self._t_mark = time.perf_counter()
+        self._steps = self._samples = 0
+        self._data_secs = self._compute_secs = 0.0
+        if values is None:
+            return None
+        if self.config.tracks("optimizer_state"):
+            values.update(self._optimizer_state(inputs.optimizer))
+        if inputs.extra:
+            values.update({tag: float(v) for tag, v in inputs.extra.items()})
+        return values
+
+    def widened(self, interval: int) -> int | None:
+        """``overhead_budget``: after a collected step's values went on, the doubled
+        interval when collecting costs too much (``collect.budget``), else None. The
+        cost is this thread's CPU time since ``finish`` began timing, so time the OS gave
+        to other processes (a shared machine) is not counted as ours."""
+        if self.budget is None:
+            return None
+        cost = time.thread_time() - self._cpu_start
+        return self.budget.observe(cost, self._step_time, interval)
+
+    def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
+        """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
+        if optimizer is None:
+            self._warn_once("optimizer_state none", missing_optimizer_message())
+            return {}
+        if self._optstate is None:
+            self._optstate = OptimizerState(self.config.param_targets, self._warn_once)
+        return self._guard("reading the optimizer state", self._optstate.read, optimizer) or {}
