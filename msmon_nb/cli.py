@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,10 +123,28 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return clean_main(args)
 
 
+# ``msmon ctl``'s exit codes, as ``--help`` prints them; the README's table says the same
+# (tests/cli/test_ctl.py compares the two).
+CTL_EXIT_CODES = (
+    ("0", "every live rank (the one monitor of a single-process run) acknowledged and did it"),
+    ("1", "refused: an invalid command, no live monitor owns RUN_DIR, or a rank answered "
+     "that it could not do it; or not every live rank acknowledged within --timeout (the "
+     "command stays queued for the silent ones, and this says so)"),
+    ("2", "usage error (an unknown command, a missing RUN_DIR), as every msmon subcommand"),
+)  # fmt: skip
+
+
 def cmd_ctl(args: argparse.Namespace) -> int:
     """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir (every
     live rank's, for a distributed run: it returns once each has acknowledged)."""
-    from msmon_nb.rundir.control import ControlError, live_ranks, send, wait_for_ack
+    from msmon_nb.rundir.control import (
+        CONTROL_ACK,
+        ControlError,
+        live_owner,
+        live_ranks,
+        send,
+        wait_for_ack,
+    )
 
     run_dir = Path(args.run_dir)
     try:
@@ -135,30 +154,41 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         return 1
     ranks = live_ranks(run_dir)
     got = wait_for_ack(run_dir, command, timeout=args.timeout, ranks=ranks)
-    queued = (
-        "the monitor reads commands at step boundaries, so a long step (a first graph "
-        "compile, an evaluation) delays it: the command stays queued and acts when the "
-        "step ends, or wait longer with --timeout"
-    )
-    if not got:
-        print(
-            f"msmon ctl: {command.describe()} was not acknowledged within {args.timeout:g} s; "
-            + queued,
-            file=sys.stderr,
-        )
-        return 1
     for ack in got:
         state = "ok" if ack.get("ok") else "failed"
         print(f"rank {ack.get('rank')}, step {ack.get('step')}: {state}: {ack.get('message')}")
-    missing = sorted(ranks - {a.get("rank") for a in got})
-    if missing:
+    answered = {a.get("rank") for a in got}
+    missing = sorted(ranks - answered)
+    if got and not missing:
+        return 0 if all(a.get("ok") for a in got) else 1
+    what, within = command.describe(), f"within {args.timeout:g} s"
+    if ranks:  # a distributed run: how many of the ranks that were live answered
         print(
-            f"msmon ctl: rank {', '.join(map(str, missing))} did not acknowledge "
-            f"{command.describe()} within {args.timeout:g} s; " + queued,
+            f"msmon ctl: {what} acknowledged by {len(answered & ranks)} of {len(ranks)} ranks "
+            f"{within}",
             file=sys.stderr,
         )
-        return 1
-    return 0 if all(a.get("ok") for a in got) else 1
+        live = live_ranks(run_dir)
+        silent = [r for r in missing if r in live]
+        ended = [r for r in missing if r not in live]
+    else:
+        print(f"msmon ctl: {what} was not acknowledged {within}", file=sys.stderr)
+        silent, ended = ([0], []) if live_owner(run_dir) is None else ([], [0])
+
+    def names(of: list[int]) -> str:
+        return "rank " + ", ".join(map(str, of)) if ranks else "the monitor"
+
+    if ended:
+        print(f"msmon ctl: {names(ended)} ended without reading it", file=sys.stderr)
+    if silent:
+        print(
+            f"msmon ctl: still queued for {names(silent)}, which acts on it at its next step "
+            "boundary (a long step, such as a first graph compile or an evaluation, delays it); "
+            "do not send it again; next time give --timeout more seconds "
+            f"(its acknowledgement: id {command.id} in {run_dir / CONTROL_ACK})",
+            file=sys.stderr,
+        )
+    return 1
 
 
 def cmd_vscode_init(args: argparse.Namespace) -> int:
@@ -254,10 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ctl",
         help="pause, resume, stop, change the collection frequency or snapshot a live run",
-        description="Act on the live monitor that owns RUN_DIR at its next step boundary (as "
-        "the panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
-        "scripts). Exits 0 once the monitor acknowledges (every live rank of a distributed "
-        "run), 1 when no live monitor owns RUN_DIR or a rank stays silent past --timeout.",
+        description=textwrap.fill(
+            "Act on the live monitor that owns RUN_DIR at its next step boundary (as the "
+            "panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
+            "scripts), and wait until every live rank of a distributed run has acknowledged.",
+            88,
+        ),
+        epilog="exit codes:\n"
+        + "\n".join(
+            textwrap.fill(text, 88, initial_indent=f"  {code}  ", subsequent_indent="     ")
+            for code, text in CTL_EXIT_CODES
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", help="the run dir, as the panel's footer shows it")
     p.add_argument("cmd", choices=("pause", "resume", "stop", "freq", "snapshot"))

@@ -41,6 +41,7 @@ CONTROL = "msmon_control.jsonl"
 CONTROL_ACK = "msmon_control_ack.jsonl"
 COMMANDS = ("pause", "resume", "stop", "freq", "snapshot")
 POLL_SECS = 0.2  # how often a monitor looks at the control file (at step boundaries)
+LIVENESS_SECS = 1.0  # how often a waiting sender checks that the ranks it waits for live
 
 
 class ControlError(ValueError):
@@ -132,12 +133,21 @@ def wait_for_ack(
 ) -> list[dict[str, Any]]:
     """Poll for ``command``'s acknowledgements until each of ``ranks`` answered (default:
     the run's ``live_ranks``; one answer for a single-process run) or ``timeout`` passes;
-    the acknowledgements so far, from every rank that answered."""
-    want = live_ranks(run_dir) if ranks is None else ranks
+    the acknowledgements so far, from every rank that answered. A rank whose monitor ends
+    meanwhile (its marker no longer running, its pid gone) is not waited for: it never
+    will answer, and the caller names it from ``live_ranks`` afterwards."""
+    want = live_ranks(run_dir) if ranks is None else set(ranks)
+    distributed = bool(want)
     deadline = time.monotonic() + timeout
+    recheck = time.monotonic() + LIVENESS_SECS
     while True:
         got = acks(run_dir, command.id)
-        if (got and want <= {a.get("rank") for a in got}) or time.monotonic() >= deadline:
+        answered = {a.get("rank") for a in got}
+        now = time.monotonic()
+        if distributed and now >= recheck:
+            want &= live_ranks(run_dir) | answered
+            recheck = now + LIVENESS_SECS
+        if ((got or distributed) and want <= answered) or now >= deadline:
             return got
         time.sleep(every)
 

@@ -1,13 +1,17 @@
 """Rank awareness without a launcher: msrun's environment alone puts ranks in one run."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from msmon_nb.events.runs import load_runs
+from msmon_nb.rundir.control import acks
 from tests.conftest import ROOT
 
 WORKER = """
@@ -131,10 +135,54 @@ def test_msmon_ctl_waits_for_every_live_rank_and_names_the_silent_one(tmp_path):
         short = ctl("freq", "2", "--timeout", "0.6")  # rank 1 is mid-step for ~2 s
         assert short.returncode == 1
         assert "rank 0, step" in short.stdout and "rank 1," not in short.stdout
-        assert "rank 1 did not acknowledge" in short.stderr and "stays queued" in short.stderr
+        assert "freq 2 acknowledged by 1 of 2 ranks within 0.6 s" in short.stderr
+        assert "still queued for rank 1," in short.stderr and "do not send it again" in short.stderr
+        # ... and it was: rank 1 acts on it when its step ends, its ack in the run dir
+        (queued_id,) = re.findall(r"id (\w+) in ", short.stderr)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(acks(Path(run_dir), queued_id)) < 2:
+            time.sleep(0.1)
+        assert {a["rank"] for a in acks(Path(run_dir), queued_id)} == {0, 1}
         done = ctl("stop", "--timeout", "30")
         assert done.returncode == 0, done.stderr
         assert "rank 0, step" in done.stdout and "rank 1, step" in done.stdout
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_msmon_ctl_stops_waiting_for_a_rank_whose_monitor_ended(tmp_path):
+    """A rank that dies while ``msmon ctl`` waits never answers: ctl says so at once
+    (within its liveness check, 1 s), not after --timeout, and names it (exit 1)."""
+    procs = [launch(tmp_path, rank, 4545, CTL_WORKER) for rank in (0, 1)]
+    try:
+        run_dir = procs[0].stdout.readline().strip()
+        assert procs[1].stdout.readline().strip() == run_dir
+        time.sleep(3.0)  # both ranks' markers written, rank 1 in one of its 2 s steps
+        started = time.monotonic()
+        ctl = subprocess.Popen(
+            [sys.executable, "-m", "msmon_nb.cli", "ctl", run_dir, "pause", "--timeout", "60"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(0.5)
+        procs[1].send_signal(signal.SIGKILL)  # mid-step: it never reads the command
+        procs[1].wait(10)  # reaped: its pid is gone, as a crashed rank's is
+        out, err = ctl.communicate(timeout=60)
+        took = time.monotonic() - started
+        assert ctl.returncode == 1, err
+        assert "rank 0, step" in out and "paused" in out and "rank 1," not in out
+        assert "pause acknowledged by 1 of 2 ranks" in err
+        assert "rank 1 ended without reading it" in err and "still queued" not in err
+        assert took < 15, took  # not the 60 s timeout
+        print(f"ctl returned {took:.1f} s after it was sent, rank 1 killed at 0.5 s")
+        done = subprocess.run(
+            [sys.executable, "-m", "msmon_nb.cli", "ctl", run_dir, "stop"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr  # rank 0, the one live rank, stops
     finally:
         for p in procs:
             try:

@@ -17,6 +17,11 @@ A ``preLaunchTask`` waits until its task is done; for ``msmon: clean + viewer`` 
 the viewer task's background problem matcher has seen its end pattern. The test adds a task
 that depends on ``msmon: clean + viewer`` and writes a file: VS Code starts it only after
 the matcher reported the viewer ready, exactly when a debug session would start.
+
+The presets are checked against VS Code's own schemas where VS Code applies them: opened in
+its editor, the stub (with ``MSMON_STUB_DIAGNOSTICS``) writes every diagnostic VS Code holds,
+what the Problems view lists. The stub declares debugpy's launch attributes and the Python
+and Jupyter settings the presets use, copied from those extensions' manifests.
 """
 
 from __future__ import annotations
@@ -171,7 +176,8 @@ def start_code_server(root: Path, port: int, project: Path) -> subprocess.Popen:
             [CODE_SERVER, *common, "--disable-telemetry", "--disable-update-check",
              "--disable-workspace-trust", "--disable-getting-started-override", str(project)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(os.environ, GLOG_v="3", MSMON_STUB_READY=str(root / "stub-ready")),
+            env=dict(os.environ, GLOG_v="3", MSMON_STUB_READY=str(root / "stub-ready"),
+                     MSMON_STUB_DIAGNOSTICS=str(root / "diagnostics.json")),
         )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -384,3 +390,108 @@ def test_launch_preset_debugs_a_script_the_viewer_shows_live_and_stops(tmp_path)
             status = run["status"]
             time.sleep(0.3)
         assert status == "stopped"
+
+
+# One mistake per preset file, each of a kind VS Code's schema for that file must catch: a
+# task's boolean given as a string; a debugpy attribute of the wrong type (caught only with
+# debugpy's configurationAttributes); a Python setting of the wrong type (caught only with
+# ms-python.python's configuration); an extension id that is not one.
+BREAKS = {
+    "tasks.json": ('"isBackground": true', '"isBackground": "yes"'),
+    "launch.json": ('"subProcess": true', '"subProcess": "yes"'),
+    "settings.json": (
+        '"python.terminal.activateEnvironment": true',
+        '"python.terminal.activateEnvironment": "yes"',
+    ),
+    "extensions.json": ('"ms-python.python"', '"ms python"'),
+}
+
+
+def diagnostics(root: Path) -> dict[str, list[dict]]:
+    """path -> the diagnostics VS Code holds for it, as the stub last wrote them."""
+    try:
+        listed = json.loads((root / "diagnostics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {entry["path"]: entry["diagnostics"] for entry in listed if entry["diagnostics"]}
+
+
+def open_file(page, relative: str) -> None:
+    """Go to File... ``relative``, as a user opens it (its editor validates it)."""
+    name = relative.rsplit("/", 1)[-1]
+    command(page, "Go to File...")
+    page.locator(".quick-input-widget input").fill(relative)
+    rows = page.locator(".quick-input-list .monaco-list-row")
+    rows.filter(has_text=name).first.click(timeout=30_000)
+    page.locator(f'.tab[data-resource-name="{name}"]').first.wait_for(timeout=30_000)
+
+
+def test_presets_pass_vs_code_schemas_and_the_matcher_files_the_viewer_error(tmp_path):
+    """The presets as ``msmon vscode init`` installs them, opened in VS Code: no schema
+    warning in any of them (a copy with one mistake per file shows one in each, so the check
+    can fail), and the viewer task's problem matcher puts a real ``msmon view`` error in the
+    Problems view: an error, its message, on the summary dir it names."""
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "msmon_nb.cli", "vscode", "init", str(project)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    (project / ".venv").symlink_to(Path(sys.prefix))
+    files = {name: project / ".vscode" / name for name in BREAKS}
+    shipped = {name: path.read_text() for name, path in files.items()}
+    for name, (good, bad) in BREAKS.items():
+        assert shipped[name].count(good) == 1, (name, good)
+        files[name].write_text(shipped[name].replace(good, bad))
+    paths = {str(path): name for name, path in files.items()}
+    with code_server_page(tmp_path, free_port(), project) as (_browser, page):
+        for name in BREAKS:
+            open_file(page, f".vscode/{name}")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and set(paths) - set(diagnostics(tmp_path)):
+            time.sleep(0.3)
+        found = diagnostics(tmp_path)
+        print("broken copy:", json.dumps({paths.get(k, k): v for k, v in found.items()}))
+        for path, name in paths.items():
+            assert path in found, (name, "no diagnostic for its mistake", found)
+            assert any(d["severity"] in ("Warning", "Error") for d in found[path]), found[path]
+
+        for name, path in files.items():  # as shipped: VS Code re-validates each open file
+            path.write_text(shipped[name])
+        clean_since, deadline = None, time.monotonic() + 90
+        while time.monotonic() < deadline:
+            left = {paths[k]: v for k, v in diagnostics(tmp_path).items() if k in paths}
+            if left:
+                clean_since = None
+            elif clean_since is None:
+                clean_since = time.monotonic()
+            elif time.monotonic() - clean_since > 5:
+                break
+            time.sleep(0.3)
+        page.screenshot(path=str(tmp_path / "presets.png"))
+        assert not left, f"VS Code finds problems in the presets as shipped: {left}"
+        assert clean_since is not None
+
+        # the viewer task on a port another program holds: msmon view's real error line
+        with socket.socket() as other:
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            port = other.getsockname()[1]
+            tasks = parse_jsonc(shipped["tasks.json"])
+            (viewer,) = (t for t in tasks["tasks"] if t["label"] == "msmon: viewer")
+            viewer["args"][viewer["args"].index("8080")] = str(port)  # the only change
+            files["tasks.json"].write_text(json.dumps(tasks, indent=4))
+            (project / "summary").mkdir()
+            run_task(page, "msmon: viewer")
+            summary = str(project / "summary")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and summary not in diagnostics(tmp_path):
+                time.sleep(0.3)
+            page.screenshot(path=str(tmp_path / "matcher.png"))
+        problems = diagnostics(tmp_path).get(summary)
+        assert problems, "no problem filed on the summary dir\n" + diagnosis(tmp_path, page)
+        (problem,) = problems
+        print("viewer error as VS Code files it:", problem)
+        assert problem["severity"] == "Error" and problem["source"] == "msmon view"
+        assert problem["message"].startswith(f"cannot listen on 127.0.0.1:{port}")
+        assert "--port" in problem["message"]

@@ -117,7 +117,8 @@ def test_every_reference_resolves():
     assert kernel[:4] == ["-m", "msmon_nb.cli", "kernel", "install"]
     settings = load("settings.json")
     assert settings["python.defaultInterpreterPath"] == "${workspaceFolder}/.venv/bin/python"
-    assert "%load_ext msmon_nb" in settings["jupyter.runStartupCommands"]
+    # application scope in ms-toolsai.jupyter: ignored in a folder's settings (see below)
+    assert "jupyter.runStartupCommands" not in settings
     recommended = load("extensions.json")["recommendations"]
     assert {"ms-python.python", "ms-python.debugpy", "ms-toolsai.jupyter"} <= set(recommended)
 
@@ -186,12 +187,18 @@ def test_viewer_task_matches_its_problem_matcher_and_serves(tmp_path):
                 continue
             found = error.search(clash.stderr.strip().splitlines()[-1])
             assert found, clash.stderr
-            # the groups VSCode reads (kind "file"): severity, message, the dir it concerns
+            # the groups VSCode reads (problemMatcher.ts): kind "file" puts the problem on
+            # the whole file (no line groups needed), a marker needs a file and a message,
+            # severity text goes through Severity.fromValue ("error"/"warning"/"info"), and
+            # fileLocation "absolute" takes the file group as the path, unchanged
             pattern = task["problemMatcher"]["pattern"]
             assert pattern["kind"] == "file"
             assert task["problemMatcher"]["fileLocation"] == ["absolute"]
             assert found.group(pattern["severity"]) == "error"
             assert Path(found.group(pattern["file"])) == tmp_path.resolve()
+            assert Path(found.group(pattern["file"])).is_absolute()
+            assert found.group(pattern["message"]).strip()
+            assert {"line", "location", "column"}.isdisjoint(pattern)
             assert "--port" in found.group(pattern["message"])
 
 
@@ -285,7 +292,7 @@ def test_init_merges_plain_json_and_refuses_commented_files(tmp_path):
     (vs / "tasks.json").write_text(json.dumps(mine))
     (vs / "settings.json").write_text(
         json.dumps({"python.defaultInterpreterPath": "/opt/py/bin/python",
-                    "jupyter.runStartupCommands": ["%matplotlib inline"]})
+                    "files.watcherExclude": {"**/node_modules/**": True}})
     )  # fmt: skip
     launch_text = '// my launch configs\n{"version": "0.2.0", "configurations": []}\n'
     (vs / "launch.json").write_text(launch_text)
@@ -298,7 +305,7 @@ def test_init_merges_plain_json_and_refuses_commented_files(tmp_path):
     assert "input 'msmonWorkers'" in proc.stdout
     settings = json.loads((vs / "settings.json").read_text())
     assert settings["python.defaultInterpreterPath"] == "/opt/py/bin/python"  # theirs kept
-    assert settings["jupyter.runStartupCommands"] == ["%matplotlib inline", "%load_ext msmon_nb"]
+    assert settings["files.watcherExclude"] == {"**/node_modules/**": True, "**/summary/**": True}
     assert (vs / "launch.json").read_text() == launch_text
     assert "left" in proc.stdout and "has comments" in proc.stdout
     assert "'msmon: debug current file'" in proc.stdout
@@ -389,3 +396,30 @@ def test_init_names_the_fix_when_package_data_is_missing(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "tasks.json" in err and "reinstall" in err and "pip install -e" not in err
     assert not (tmp_path / "project").exists()
+
+
+# Where a setting may be set (VS Code's ConfigurationScope): a folder's .vscode/settings.json
+# applies only these; "application" and "machine" ones are user settings.
+FOLDER_SCOPES = {"window", "resource", "language-overridable", "machine-overridable"}
+
+
+def test_preset_settings_of_extensions_apply_in_a_folder():
+    """Each extension setting the preset sets has a scope a folder's settings may set, per
+    the extension's own manifest (copied verbatim into tests/vscode/python_stub/package.json,
+    which test_code_server.py also installs into VS Code): jupyter.runStartupCommands
+    (application scope) was set here and silently ignored; VS Code itself marks it "can be
+    set only in the user settings file"."""
+    stub = json.loads((ROOT / "tests" / "vscode" / "python_stub" / "package.json").read_text())
+    declared = {
+        key: spec
+        for part in stub["contributes"]["configuration"]
+        for key, spec in part["properties"].items()
+    }
+    assert declared["jupyter.runStartupCommands"]["scope"] == "application"  # why it went
+    settings = load("settings.json")
+    ours = [key for key in settings if key.split(".")[0] in ("python", "jupyter")]
+    assert ours  # the interpreter path at least
+    for key in ours:
+        assert key in declared, f"{key}: copy its declaration from the extension's package.json"
+        scope = declared[key].get("scope", "window")
+        assert scope in FOLDER_SCOPES, f"{key} has scope {scope}: a folder cannot set it"
