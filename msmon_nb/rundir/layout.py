@@ -56,6 +56,26 @@ def rank_of_dir(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def rank_dirs(run_dir: Path) -> dict[int, Path]:
+    """rank -> ``rank_<k>/`` dir of the run at ``run_dir``, by rank (links not followed)."""
+    out = {}
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return out
+    for entry in entries:
+        rank = rank_of_dir(entry.name)
+        if rank is not None and entry.is_dir(follow_symlinks=False):
+            out[rank] = Path(entry.path)
+    return dict(sorted(out.items()))
+
+
+def per_rank_files(run_dir: Path, name: str) -> list[Path]:
+    """``run_dir/name`` and ``rank_<k>/name`` of every rank dir, in rank order (existing
+    or not: a reader skips the missing ones)."""
+    return [run_dir / name, *(sub / name for sub in rank_dirs(run_dir).values())]
+
+
 def run_files(path: Path) -> list[tuple[Path, int]]:
     """Summary files of the run at ``path`` (its ``rank_<k>/`` dirs included) with ranks."""
     found: list[tuple[Path, int]] = []
@@ -83,11 +103,10 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
         return True
     # a distributed job whose ranks have written their markers but no records yet (a dir
     # merely named rank_<k> holding a one-process run stays a run of its own)
-    for sub in p.glob("rank_*"):
-        if rank_of_dir(sub.name) is not None:
-            marker = read_marker_file(sub / MARKER)
-            if marker is not None and int(marker.get("ranks", 0) or 0) > 1:
-                return True
+    for sub in rank_dirs(p).values():
+        marker = read_marker_file(sub / MARKER)
+        if marker is not None and int(marker.get("ranks", 0) or 0) > 1:
+            return True
     return False
 
 
@@ -144,10 +163,9 @@ def write_marker(run_dir: Path, data: dict[str, Any]) -> None:
 def rank_markers(run_dir: Path) -> dict[int, dict[str, Any]]:
     """rank -> the marker of ``rank_<k>/`` (distributed runs written by us)."""
     out = {}
-    for path in sorted(run_dir.glob(f"rank_*/{MARKER}")):
-        rank = rank_of_dir(path.parent.name)
-        marker = read_marker_file(path)
-        if rank is not None and marker is not None:
+    for rank, sub in rank_dirs(run_dir).items():
+        marker = read_marker_file(sub / MARKER)
+        if marker is not None:
             out[rank] = marker
     return out
 
@@ -179,9 +197,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_run_jsonl(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Objects of ``run_dir/name`` and ``run_dir/rank_*/name``."""
-    paths = [run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))]
-    return [item for path in paths for item in read_jsonl(path)]
+    """Objects of ``run_dir/name`` and ``run_dir/rank_<k>/name`` (``per_rank_files``)."""
+    return [item for path in per_rank_files(run_dir, name) for item in read_jsonl(path)]
 
 
 # --- liveness and status ----------------------------------------------------------------

@@ -40,7 +40,7 @@ from msmon_nb.rundir import (
     MARKER,
     SNAPSHOTS,
     is_summary_file,
-    rank_of_dir,
+    rank_dirs,
     read_jsonl,
     read_marker_file,
     run_status,
@@ -60,20 +60,6 @@ class Points(NamedTuple):
     steps: np.ndarray
     values: np.ndarray
     exact: bool = True
-
-
-def rank_dirs(path: Path) -> dict[int, Path]:
-    """rank -> ``rank_<k>/`` dir of the run at ``path``."""
-    out = {}
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return out
-    for entry in entries:
-        rank = rank_of_dir(entry.name)
-        if rank is not None and entry.is_dir(follow_symlinks=False):
-            out[rank] = Path(entry.path)
-    return dict(sorted(out.items()))
 
 
 def is_ranked(path: Path) -> bool:

@@ -30,7 +30,7 @@ from msmon_nb.diagnose.rankrules import with_cross_rank
 from msmon_nb.events.index import RunIndex, RunInfo
 from msmon_nb.events.rankmerge import Merged, merge_ranks
 from msmon_nb.events.runs import Run
-from msmon_nb.rundir import ALERTS, SNAPSHOTS
+from msmon_nb.rundir import ALERTS, SNAPSHOTS, per_rank_files
 from msmon_nb.viewer.crossrank import CrossRankAlerts
 from msmon_nb.viewer.rankmerge import RankedRun, RankView, is_ranked
 
@@ -336,7 +336,7 @@ def _side_signature(run_dir: Path) -> tuple:
     """Sizes and mtimes of the run's alerts and snapshots files (all ranks)."""
     sig = []
     for name in (ALERTS, SNAPSHOTS):
-        for path in (run_dir / name, *sorted(run_dir.glob(f"rank_*/{name}"))):
+        for path in per_rank_files(run_dir, name):
             try:
                 st = path.stat()
             except OSError:
