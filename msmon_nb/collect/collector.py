@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 from msmon_nb.collect.budget import OverheadBudget
 from msmon_nb.collect.devnorm import DeferredNorm
+from msmon_nb.collect.guard import Guard
 from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tensors import to_float
@@ -49,22 +49,15 @@ def expected_tags(config: MonitorConfig) -> list[str]:
 class StepCollector:
     """Counts every step and computes the scalars of the collected ones (module docstring).
 
-    ``guard(what, fn, *args)`` runs monitoring code so that a failure warns once and
-    returns None (training goes on); ``warn_once(key, message)`` is the run's one warning
-    per key. Both come from the Monitor.
+    ``guard`` is the run's ``collect.guard.Guard``: a failure here warns once and the
+    value is left out (training goes on).
     """
 
-    def __init__(
-        self,
-        config: MonitorConfig,
-        guard: Callable[..., Any],
-        warn_once: Callable[[str, str], None],
-    ) -> None:
+    def __init__(self, config: MonitorConfig, guard: Guard) -> None:
         self.config = config
         self.comm: Any = None  # collect.comm.CommTap in a distributed job
         self.budget = OverheadBudget(config.overhead_budget) if config.overhead_budget else None
         self._guard = guard
-        self._warn_once = warn_once
         self._late = DeferredNorm()
         self._optstate: OptimizerState | None = None  # made at first use
         self._t_mark: float | None = None  # when the steps since the last collected began
@@ -74,6 +67,10 @@ class StepCollector:
         self._compute_secs = 0.0
         self._cpu_start = 0.0
         self._step_time: float | None = None  # of the last collected step
+        # the last collected step's tensors, for snapshot() and the flight recorder
+        self.last_params: list | None = None
+        self.last_grads: Any = None
+        self.flight: Any = None  # collect.snapshot.FlightRecorder (snapshot.on: alert)
 
     @property
     def optimizer_reads(self) -> int:
@@ -133,6 +130,8 @@ class StepCollector:
         self._t_mark = time.perf_counter()
         self._steps = self._samples = 0
         self._data_secs = self._compute_secs = 0.0
+        if inputs.params is not None or inputs.grads is not None:
+            self._keep_tensors(step, inputs.params, inputs.grads)
         if values is None:
             return None
         if self.config.tracks("optimizer_state"):
@@ -151,10 +150,20 @@ class StepCollector:
         cost = time.thread_time() - self._cpu_start
         return self.budget.observe(cost, self._step_time, interval)
 
+    def _keep_tensors(self, step: int, params: list | None, grads: Any) -> None:
+        """Remember a collected step's tensors (``snapshot()`` summarises them) and feed
+        the flight recorder, which keeps the steps before an alert."""
+        if params is not None:
+            self.last_params = params
+        if grads is not None:
+            self.last_grads = grads
+        if self.flight is not None:
+            self._guard("keeping step tensors", self.flight.record, step, self.last_params, grads)
+
     def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
         """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
         if optimizer is None:
-            self._warn_once("optimizer_state none", missing_optimizer_message())
+            self._guard.warn_once("optimizer_state none", missing_optimizer_message())
             return {}
         if self._optstate is None:
             self._optstate = OptimizerState(self.config.param_targets, self._warn_once)

@@ -66,8 +66,7 @@ class Actions:
             if snap.get("on") == "alert"
             else None
         )
-        self.last_params: list | None = None
-        self.last_grads: Any = None
+        monitor.collector.flight = self.recorder  # it keeps the steps before an alert
         self.pending_debug: str | None = None
         settings = self.diagnoser.settings
         off = set(settings["disabled"])
@@ -80,15 +79,6 @@ class Actions:
         self.skipped_total = 0
 
     # --- per collected step ----------------------------------------------------------------
-
-    def tensors(self, step: int, params: list | None, grads: Any) -> None:
-        """Remember this step's tensors (for ``snapshot()``) and feed the flight recorder."""
-        if params is not None:
-            self.last_params = params
-        if grads is not None:
-            self.last_grads = grads
-        if self.recorder is not None:
-            self.recorder.record(step, params or self.last_params, grads)
 
     def can_wait(self) -> bool:
         """Whether judging a step may wait a few steps (``Monitor.hold_emits``): every
@@ -252,13 +242,18 @@ class Actions:
 
     # --- snapshots -------------------------------------------------------------------------
 
+    def _last_tensors(self) -> tuple[list | None, Any]:
+        """The last collected step's parameters and gradients (``collect.collector``)."""
+        collector = self.monitor.collector
+        return collector.last_params, collector.last_grads
+
     def snapshot_for_alert(self, alert: Any) -> None:
         """Write the flight recorder (steps before the alert) and the current tensors."""
         reason = f"alert:{alert.kind}"
         if self.recorder is not None:
             for step, items in self.recorder.take():
                 self.write(step, items, f"{reason}:history")
-        pairs = params_and_grads(self.last_params, self.last_grads, self.targets)
+        pairs = params_and_grads(*self._last_tensors(), self.targets)
         if pairs and (self.recorder is None or self.recorder.written_up_to != alert.step):
             self.write(alert.step, [summarize(n, t, self.max_raw) for n, t in pairs], reason)
 
@@ -267,7 +262,7 @@ class Actions:
         mon = self.monitor
         pairs = named_tensors(tensors)
         if not pairs:
-            pairs = params_and_grads(self.last_params, self.last_grads, self.targets)
+            pairs = params_and_grads(*self._last_tensors(), self.targets)
         if not pairs:
             raise ValueError(
                 "snapshot() has nothing to summarise: pass tensors, e.g. "

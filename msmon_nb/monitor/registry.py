@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import atexit
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from msmon_nb.config import ConfigError
 
-if TYPE_CHECKING:
-    from msmon_nb.monitor.run import Monitor
+
+class Monitor(Protocol):
+    """What the registry needs of a ``monitor.run.Monitor`` (kept apart so that this
+    module does not import the one that registers with it)."""
+
+    def close(self, status: str | None = None) -> None: ...
+
+    def snapshot(self, tensors: Any = None, step: int | None = None, reason: str = "manual"): ...
+
 
 _OPEN: list[Monitor] = []
 _CRASHED: list[bool] = []

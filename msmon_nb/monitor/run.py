@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,10 +25,11 @@ from typing import Any
 from msmon_nb.collect.budget import widening_message
 from msmon_nb.collect.collector import StepCollector, expected_tags
 from msmon_nb.collect.comm import attach
+from msmon_nb.collect.guard import Guard
 from msmon_nb.collect.rankinfo import detect
 from msmon_nb.collect.recorder import StepInputs, StopTraining
 from msmon_nb.collect.watch import Watch
-from msmon_nb.config import ConfigError, MonitorConfig, MonitorWarning, check_tag
+from msmon_nb.config import ConfigError, MonitorConfig, check_tag
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.monitor import registry
 from msmon_nb.monitor.actions import Actions
@@ -73,8 +73,9 @@ class Monitor:
         self.ranks = detect()
         self.paused = False
         self.enabled = cfg.enable_monitor
-        self.collector = StepCollector(cfg, self.guard, self.warn_once)
-        self.outlet = Outlet(self.guard)
+        self._guard = Guard()  # one warning per fault, training goes on
+        self.collector = StepCollector(cfg, self._guard)
+        self.outlet = Outlet(self._guard)
         self.series = self.outlet.series  # the live series (the panel draws it)
         self.records = RunRecords(None, self.guard)  # alerts/snapshots.jsonl (none yet)
         self._stop_requested = False
@@ -82,7 +83,6 @@ class Monitor:
         self._stopped = False
         self._control: ControlReader | None = None  # msmon ctl commands (rundir.control)
         self._boundary_hooks: list[Callable[[Monitor], None]] = []
-        self._warned: set[str] = set()
         self._marker: dict[str, Any] = {}
         self._attach_reported = False
         self._actions: Actions | None = None
@@ -315,10 +315,6 @@ class Monitor:
         self.step_count = step + 1
         self.last_step = step
         values = self.collector.finish(inputs, step, collect)
-        if not collect:
-            return
-        if actions is not None and (inputs.params is not None or inputs.grads is not None):
-            self.guard("keeping step tensors", actions.tensors, step, inputs.params, inputs.grads)
         if values is None:
             return
         self.emit(step, values)
@@ -349,22 +345,12 @@ class Monitor:
 
     def guard(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run monitoring code ``fn(*args)``; on failure warn once and return None
-        (training must not die). ``StopTraining`` passes: it is how a loop is ended."""
-        try:
-            return fn(*args, **kwargs)
-        except StopTraining:
-            raise
-        except Exception as exc:
-            self.warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); training goes on")
-            log.debug("msmon: %s failed", what, exc_info=True)
-            return None
+        (training must not die; ``collect.guard``)."""
+        return self._guard(what, fn, *args, **kwargs)
 
     def warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
         """One ``MonitorWarning`` per ``key``."""
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        warnings.warn(f"msmon: {message}", MonitorWarning, stacklevel=stacklevel)
+        self._guard.warn_once(key, message, stacklevel)
 
     def attached(self, how: str) -> None:
         """A way in is active (``verbose`` prints where the run goes)."""
@@ -391,7 +377,7 @@ class Monitor:
     def hold_emits(self, on: bool) -> None:
         """Let ``emit`` hold the scalars of collected steps that come less than 20 ms
         apart and pass them on together once the oldest has waited 50 ms, or at a pause,
-        a stop, ``flush`` or ``close`` (``monitor.batch`` says why: 517 -> 371 us of
+        a stop, ``flush`` or ``close`` (``monitor.outlet`` says why: 517 -> 371 us of
         callback time a step on the bench MLP, ``bench/overhead.py --not-held``). For a
         way in where no user code reads the monitor between steps (the ``Model.train``
         callback). Not while an alert would act on the step it fires at (``snapshot``,
@@ -417,7 +403,7 @@ class Monitor:
         """``overhead_budget`` widened the interval: the first time, a warning and an
         ``overhead_budget`` alert in the run say so; later widenings are logged."""
         before, self.collect_freq = self.collect_freq, wider
-        if "overhead_budget" in self._warned:
+        if "overhead_budget" in self._guard.warned:
             log.info("msmon: collection interval widened to every %d steps", wider)
             return
         budget = self.collector.budget
