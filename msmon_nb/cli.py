@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from msmon_nb.rundir.control import COMMANDS, SPECS, usage
+
 
 def _age(seconds: float | None) -> str:
     if seconds is None:
@@ -123,7 +125,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir (every
+    """Send a command (``rundir.control.SPECS``) to the live monitor owning a run dir (every
     live rank's, for a distributed run: it returns once each has acknowledged)."""
     from msmon_nb.rundir.control import ControlError, live_ranks, send, wait_for_ack
 
@@ -253,15 +255,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "ctl",
-        help="pause, resume, stop, change the collection frequency or snapshot a live run",
+        help=f"act on a live run: {usage()}",
         description="Act on the live monitor that owns RUN_DIR at its next step boundary (as "
         "the panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
         "scripts). Exits 0 once the monitor acknowledges (every live rank of a distributed "
         "run), 1 when no live monitor owns RUN_DIR or a rank stays silent past --timeout.",
     )
     p.add_argument("run_dir", help="the run dir, as the panel's footer shows it")
-    p.add_argument("cmd", choices=("pause", "resume", "stop", "freq", "snapshot"))
-    p.add_argument("arg", nargs="?", help="for freq: collect every N steps")
+    p.add_argument(
+        "cmd",
+        choices=COMMANDS,
+        help="; ".join(f"{spec.name}: {spec.help}" for spec in SPECS.values()),
+    )
+    p.add_argument(
+        "arg",
+        nargs="?",
+        help="; ".join(f"for {s.name}: {s.arg.name}" for s in SPECS.values() if s.arg),
+    )
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement"
     )
