@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from msmon_nb.rundir.control import COMMANDS, SPECS, usage
+
 
 def _age(seconds: float | None) -> str:
     if seconds is None:
@@ -135,7 +137,7 @@ CTL_EXIT_CODES = (
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    """Send pause/resume/stop/freq N/snapshot to the live monitor owning a run dir (every
+    """Send a command (``rundir.control.SPECS``) to the live monitor owning a run dir (every
     live rank's, for a distributed run: it returns once each has acknowledged)."""
     from msmon_nb.rundir.control import (
         CONTROL_ACK,
@@ -283,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "ctl",
-        help="pause, resume, stop, change the collection frequency or snapshot a live run",
+        help=f"act on a live run: {usage()}",
         description=textwrap.fill(
             "Act on the live monitor that owns RUN_DIR at its next step boundary (as the "
             "panel's buttons do, also where widget clicks cannot reach a busy kernel, and for "
@@ -298,8 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", help="the run dir, as the panel's footer shows it")
-    p.add_argument("cmd", choices=("pause", "resume", "stop", "freq", "snapshot"))
-    p.add_argument("arg", nargs="?", help="for freq: collect every N steps")
+    p.add_argument(
+        "cmd",
+        choices=COMMANDS,
+        help="; ".join(f"{spec.name}: {spec.help}" for spec in SPECS.values()),
+    )
+    p.add_argument(
+        "arg",
+        nargs="?",
+        help="; ".join(f"for {s.name}: {s.arg.name}" for s in SPECS.values() if s.arg),
+    )
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement"
     )

@@ -33,12 +33,13 @@ from msmon_nb.config import ConfigError, MonitorConfig, check_tag
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.monitor import registry
 from msmon_nb.monitor.actions import Actions
+from msmon_nb.monitor.controls import interpret
 from msmon_nb.monitor.opening import open_run
 from msmon_nb.monitor.outlet import Outlet
 from msmon_nb.monitor.rankwatch import RankWatcher
 from msmon_nb.monitor.records import RunRecords
 from msmon_nb.rundir import write_marker
-from msmon_nb.rundir.control import ControlReader
+from msmon_nb.rundir.control import ControlError, ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
 from msmon_nb.sinks.factory import make_sinks
@@ -449,30 +450,14 @@ class Monitor:
         file (``rundir.control``), each acknowledged in the run dir."""
         assert self._control is not None
         for command in self._control.read():
-            ok, message = True, ""
-            try:
-                message = self.command(command.cmd, command.arg, source=command.source)
-            except (ConfigError, ValueError) as exc:
-                ok, message = False, str(exc)
-            self._control.ack(command, self.last_step, ok, message)
+            result = interpret(self, command.cmd, command.arg, source=command.source)
+            self._control.ack(command, self.last_step, result.ok, result.message)
 
-    def command(self, cmd: str, arg: int | None = None, source: str = "") -> str:
-        """Act on one control command (``pause``, ``resume``, ``stop``, ``freq N``,
-        ``snapshot``) as the panel's buttons do; returns what was done."""
-        by = f" ({source})" if source else ""
-        if cmd == "pause":
-            self.pause()
-            return f"paused at step {self.last_step}"
-        if cmd == "resume":
-            self.resume()
-            return "resumed"
-        if cmd == "stop":
-            self.stop(reason=f"stop requested{by}")
-            return "stopping at the next step boundary"
-        if cmd == "freq" and arg is not None:
-            self.set_collect_freq(int(arg))
-            return f"collecting every {arg} steps"
-        if cmd == "snapshot":
-            taken = self.snapshot(reason=f"ctl{by}")
-            return f"snapshot of {len(taken)} tensors at step {self.last_step}"
-        raise ValueError(f"unknown command {cmd!r}")
+    def command(self, cmd: str, arg: Any = None, source: str = "") -> str:
+        """Act on one control command (``rundir.control.SPECS``: pause, resume, stop,
+        freq N, snapshot) through the one interpreter (``monitor.controls``); returns
+        what was done, raises ``ControlError`` saying why when it is refused."""
+        result = interpret(self, cmd, arg, source=source)
+        if not result.ok:
+            raise ControlError(result.message)
+        return result.message

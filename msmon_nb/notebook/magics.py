@@ -73,7 +73,8 @@ class MonitorMagics(Magics):
 
     @line_magic("msmonitor")
     def msmonitor_line(self, line: str) -> Any:
-        """``%msmonitor status | stop | pause | resume | freq N | attach RUN_DIR``."""
+        """``%msmonitor status | attach RUN_DIR`` or a control command: ``stop``, ``pause``,
+        ``resume``, ``freq N``, ``snapshot`` (``rundir.control.SPECS``)."""
         words = shlex.split(line)
         if not words:
             print(self.session.status())

@@ -1,8 +1,9 @@
 """The panel: charts, counters, alerts and controls for one run, drawn by the browser.
 
 The kernel does not draw while a cell trains. At step boundaries (``on_boundary``) it
-handles pending widget messages (pause, stop, frequency: the kernel is busy running the
-cell, see ``kernel_events``) at most every ``pump_secs``, and at most every ``refresh``
+handles pending widget messages (the controls of ``monitor.controls``, which the page
+builds from the ``commands`` trait: the kernel is busy running the cell, see
+``kernel_events``) at most every ``pump_secs``, and at most every ``refresh``
 seconds sends one comm message holding the status numbers and, per chart, the points
 recorded since the previous message (``PointStream``: min/max-decimated, bounded). The
 browser (``static/panel.js``) keeps and draws them; smoothing, log/linear, hover and zoom
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from msmon_nb.metrics.charts import plan_charts
 from msmon_nb.metrics.jsonsafe import jsonable
+from msmon_nb.monitor.controls import COMMANDS, command_list, interpret, state_of
 from msmon_nb.notebook.reopen import final, placeholder
 from msmon_nb.notebook.updates import MAX_STATE_BYTES, Chunk, PointStream
 
@@ -89,7 +91,13 @@ class Panel:
         self.hello_held = vscode_kernel() if hello_held is None else hello_held
         self.clock = clock
         self.live = live
-        self.widget = PanelWidget(self._on_page, title=title, run_dir=str(run_dir or ""), live=live)
+        self.widget = PanelWidget(
+            self._on_page,
+            title=title,
+            run_dir=str(run_dir or ""),
+            live=live,
+            commands=command_list() if live else [],
+        )
         self.stream = PointStream()
         # live panels in a kernel send from a thread of their own (see Outbox)
         self.outbox = Outbox(self.widget) if threaded else None
@@ -97,7 +105,7 @@ class Panel:
         self.pump: Any = None
         self.handle: Any = None
         self.reopen: Any = None  # the picture for a notebook reopened without widget state
-        self.state = "running" if live else "finished"
+        self._state = "running" if live else "finished"
         self.note = ""  # extra status text (a static run's point count...)
         self.acked = False
         self.fallback = False
@@ -128,6 +136,21 @@ class Panel:
         self._rate_mark: tuple[float, int] | None = None
         self._rate = 0.0
         self._lock = threading.RLock()
+
+    @property
+    def state(self) -> str:
+        """What the status line says: while live, a paused or stopping monitor says so
+        (whoever asked: this page, ``msmon ctl``, the viewer, ``%msmonitor``), the one
+        state being the monitor's; otherwise the state set here (``running``, the end
+        status, a static run's status, ``following``...)."""
+        monitor = self.monitor
+        if self.live and monitor is not None and (monitor.paused or monitor.stop_requested):
+            return state_of(monitor)
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
 
     # --- data sources -----------------------------------------------------------------
 
@@ -180,25 +203,15 @@ class Panel:
                     self.handle.update(self.widget.bundle(), raw=True)
             self.send(reset=True)
             return
-        if monitor is None or not self.live:
+        if monitor is None or not self.live or kind not in COMMANDS:
             return
-        if kind == "pause":
-            monitor.pause()
-            self.state = "paused"
-        elif kind == "resume":
-            monitor.resume()
-            self.state = "running"
-        elif kind == "stop":
-            monitor.stop()
-            self.state = "stopping"
-        elif kind == "freq":
-            value = content.get("value")
-            if isinstance(value, int) and value >= 1:
-                monitor.set_collect_freq(value)
-        else:
-            return
+        # the one interpreter (monitor.controls), as msmon ctl and the viewer use
+        result = interpret(monitor, kind, content.get("value"), source="panel")
         if content.get("id") is not None:  # the page shows the msmon ctl line without it
-            self._post({"type": "ack", "id": content["id"]})
+            with self._lock:
+                status = self._status()  # the monitor's state now: paused, stopping...
+            ack = {"type": "ack", "id": content["id"], "ok": result.ok, "message": result.message}
+            self._post({**ack, "status": status})
         self._next_send = 0.0  # the user waits for the answer
 
     def _post(self, msg: dict[str, Any], buffers: list[bytes] | None = None) -> None:
@@ -269,8 +282,6 @@ class Panel:
             # a finished run is described by its own rate; ``rate`` (its last second or
             # so) is shown beside it, named, not in its place
             status["mean_rate"] = count / elapsed
-        if monitor.paused and self.state == "running":
-            status["state"] = "paused"
         return status
 
     def _plan(self) -> None:

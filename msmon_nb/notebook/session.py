@@ -15,6 +15,7 @@ from typing import Any
 from msmon_nb.config import ConfigError, MonitorConfig
 from msmon_nb.events.runs import Run, load_run
 from msmon_nb.monitor import Monitor, active
+from msmon_nb.monitor.controls import COMMANDS, interpret, usage
 from msmon_nb.notebook.follow import follow_run, run_series
 from msmon_nb.notebook.kernel_events import BusyGuard, KernelEventPump
 from msmon_nb.notebook.panel import Panel
@@ -105,7 +106,8 @@ class NotebookSession:
         )
 
     def command(self, name: str, args: Sequence[str]) -> Any:
-        """``stop``, ``pause``, ``resume``, ``freq N``, ``status`` or ``attach RUN_DIR``."""
+        """``status``, ``attach RUN_DIR``, or a control command (``monitor.controls``: the
+        panel's buttons and ``msmon ctl``'s, through the same interpreter)."""
         if name == "status":
             print(self.status())
             return None
@@ -113,26 +115,22 @@ class NotebookSession:
             if len(args) != 1:
                 raise ConfigError("usage: %msmonitor attach RUN_DIR")
             return show(args[0], follow=True)
-        if name not in ("stop", "pause", "resume", "freq"):
+        if name not in COMMANDS:
             raise ConfigError(
-                f"%msmonitor {name!r}: unknown command; use status, stop, pause, resume, "
-                "freq N or attach RUN_DIR"
+                f"%msmonitor {name!r}: unknown command; use status, "
+                f"{usage().replace('|', ', ')} or attach RUN_DIR"
             )
         mon = active()
         if mon is None:
             raise ConfigError(
                 f"%msmonitor {name}: no monitored training is running; start one with %%msmonitor"
             )
-        if name == "stop":
-            mon.stop()
-        elif name == "pause":
-            mon.pause()
-        elif name == "resume":
-            mon.resume()
-        elif name == "freq":
-            if len(args) != 1 or not args[0].isdigit():
-                raise ConfigError("usage: %msmonitor freq N   (N a whole number >= 1, e.g. 10)")
-            mon.set_collect_freq(int(args[0]))
+        if len(args) > 1:
+            raise ConfigError(f"%msmonitor {name}: one argument at most (got {len(args)})")
+        result = interpret(mon, name, args[0] if args else None, source="%msmonitor")
+        if not result.ok:
+            raise ConfigError(f"%msmonitor {result.message}")
+        print(f"msmon: {result.message}")
         print(self.status())
         return None
 

@@ -48,6 +48,9 @@ class PanelWidget(anywidget.AnyWidget):
     title = traitlets.Unicode("").tag(sync=True)
     run_dir = traitlets.Unicode("").tag(sync=True)
     live = traitlets.Bool(True).tag(sync=True)
+    # the controls the page builds, as ``monitor.controls.command_list()`` gives them
+    # (name, label, argument, when): the page holds no copy of the command table
+    commands = traitlets.List().tag(sync=True)
     # a whole "reset" message and its packed points (binary state, not JSON), drawn by a
     # view as soon as it renders: see Panel.keep_state
     initial = traitlets.Dict().tag(sync=True)

@@ -1,4 +1,11 @@
-"""Commands to a live monitor from outside its page: pause, resume, stop, freq N, snapshot.
+"""The command table, and commands to a live monitor from outside its page.
+
+``SPECS`` is the one place the commands are spelled (name, button label, argument): the
+monitor's interpreter (``monitor.controls``) gives each one its handler, ``msmon ctl``
+takes its choices from it, and both pages get it as data (the panel from the kernel, the
+viewer from ``/api/info``). It lives here, in the standard-library room, because the
+``msmon`` command and the viewer may not import the monitor. Adding a command: one
+``CommandSpec`` in ``SPECS`` and one handler in ``monitor.controls.HANDLERS``.
 
 Widget clicks reach the kernel as comm messages, which VS Code's notebooks do not deliver
 while a cell is busy, and a ``python train.py`` run has no page at all. So the monitor
@@ -39,7 +46,6 @@ from msmon_nb.rundir.layout import (
 
 CONTROL = "msmon_control.jsonl"
 CONTROL_ACK = "msmon_control_ack.jsonl"
-COMMANDS = ("pause", "resume", "stop", "freq", "snapshot")
 POLL_SECS = 0.2  # how often a monitor looks at the control file (at step boundaries)
 LIVENESS_SECS = 1.0  # how often a waiting sender checks that the ranks it waits for live
 
@@ -49,12 +55,103 @@ class ControlError(ValueError):
 
 
 @dataclass(frozen=True)
+class Argument:
+    """What a command's argument is: a number of ``kind`` (``int`` or ``float``), at least
+    ``minimum``; ``name`` is how usage lines and pages call it (``freq N``); ``example``
+    is shown in errors and is where a page's field starts."""
+
+    name: str
+    kind: type
+    minimum: float
+    example: float
+
+    def parse(self, command: str, value: Any) -> int | float:
+        """``value`` (a number, or its text from a command line) as ``kind``, else a
+        ``ControlError`` that names the problem and shows a valid form."""
+        whole = self.kind is int
+        wanted = "a whole number" if whole else "a number"
+        example = f"{command} {self.example:g}"
+        text = str(value).strip()
+        try:
+            if isinstance(value, bool) or value is None:
+                raise ValueError
+            number = int(text) if whole else float(text)
+        except ValueError:
+            number = None
+        if number is None or number != number or number < self.minimum:  # NaN too
+            raise ControlError(
+                f"{command} needs {wanted} >= {self.minimum:g} (e.g. {example}), got {value!r}"
+            )
+        return number
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind.__name__,
+            "min": self.minimum,
+            "example": self.example,
+        }
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """One command: its name (as typed after ``msmon ctl RUN_DIR``), the label of its
+    control in the pages, its argument (None: it takes none), what it does, and the
+    state in which a page offers it (``when``: ``"running"``, ``"paused"``, or None for
+    always), so that Pause and Resume share one place on the panel."""
+
+    name: str
+    label: str
+    help: str
+    arg: Argument | None = None
+    when: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The command as the pages receive it (panel trait, ``/api/info``)."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "help": self.help,
+            "arg": None if self.arg is None else self.arg.to_json(),
+            "when": self.when,
+        }
+
+
+PAUSE = CommandSpec("pause", "Pause", "hold the loop at the next step boundary", when="running")
+RESUME = CommandSpec("resume", "Resume", "let a paused loop go on", when="paused")
+STOP = CommandSpec("stop", "Stop", "end the loop at the next step boundary (run marked stopped)")
+FREQ = CommandSpec(
+    "freq",
+    "collect every",
+    "collect every N-th step from the next step on",
+    Argument("N", int, 1, 10),
+)
+SNAPSHOT = CommandSpec(
+    "snapshot", "Snapshot", "summarise the watched parameters and gradients at the next step"
+)
+SPECS: dict[str, CommandSpec] = {spec.name: spec for spec in (PAUSE, RESUME, STOP, FREQ, SNAPSHOT)}
+COMMANDS = tuple(SPECS)
+
+
+def command_list() -> list[dict[str, Any]]:
+    """Every command as JSON, in table order: what a page builds its controls from."""
+    return [spec.to_json() for spec in SPECS.values()]
+
+
+def usage() -> str:
+    """The commands as a usage line: ``pause|resume|stop|freq N|snapshot``."""
+    return "|".join(
+        spec.name if spec.arg is None else f"{spec.name} {spec.arg.name}" for spec in SPECS.values()
+    )
+
+
+@dataclass(frozen=True)
 class Command:
     """One command for the monitor owning a run dir."""
 
     id: str
     cmd: str
-    arg: int | None = None
+    arg: int | float | None = None
     source: str = ""
     time: float = 0.0
 
@@ -62,19 +159,17 @@ class Command:
         return self.cmd if self.arg is None else f"{self.cmd} {self.arg}"
 
 
-def check_command(cmd: str, arg: Any = None) -> tuple[str, int | None]:
-    """``(cmd, arg)`` when valid (``freq`` takes a whole number >= 1, the rest nothing),
-    else ``ControlError`` naming the problem and a valid form."""
-    if cmd not in COMMANDS:
-        raise ControlError(f"unknown command {cmd!r}; use one of: {', '.join(COMMANDS)}")
-    if cmd == "freq":
-        text = str(arg).strip()
-        if isinstance(arg, bool) or not text.isdigit() or int(text) < 1:
-            raise ControlError(f"freq needs a whole number >= 1 (e.g. freq 10), got {arg!r}")
-        return cmd, int(text)
+def check_command(cmd: Any, arg: Any = None) -> tuple[str, int | float | None]:
+    """``(cmd, arg)`` when valid (an argument as its ``Argument`` says, none for a command
+    without one), else ``ControlError`` naming the problem and a valid form."""
+    spec = SPECS.get(cmd) if isinstance(cmd, str) else None
+    if spec is None:
+        raise ControlError(f"unknown command {cmd!r}; use one of: {usage().replace('|', ', ')}")
+    if spec.arg is not None:
+        return spec.name, spec.arg.parse(spec.name, arg)
     if arg is not None:
-        raise ControlError(f"{cmd} takes no argument (got {arg!r})")
-    return cmd, None
+        raise ControlError(f"{spec.name} takes no argument (got {arg!r})")
+    return spec.name, None
 
 
 def live_owner(run_dir: Path) -> str | None:

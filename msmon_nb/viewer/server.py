@@ -7,8 +7,8 @@ start-up time and earn nothing here. One thread per connection is fine at that s
 
 Security: binds 127.0.0.1 unless told otherwise; when bound to loopback it also refuses
 requests whose ``Host`` header is not a loopback name, so a web page the user visits
-cannot reach the viewer through DNS rebinding; GET, plus one POST (``/api/control``:
-pause/resume/stop/freq/snapshot of a live run) that needs the server's token in an
+cannot reach the viewer through DNS rebinding; GET, plus one POST (``/api/control``: a
+command of ``rundir.control.SPECS`` for a live run) that needs the server's token in an
 ``X-Msmon-Token`` header, which only this origin's page can read; static files come
 from a whitelist (``static.py``); run names are looked up among the discovered runs, never
 joined into paths, and a control goes only to a run dir proven to be inside the base.
@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-from msmon_nb.rundir.control import ControlError, live_ranks, send, wait_for_ack
+from msmon_nb.rundir.control import ControlError, command_list, live_ranks, send, wait_for_ack
 from msmon_nb.viewer import api
 from msmon_nb.viewer.sse import Broadcaster
 from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
@@ -248,6 +248,8 @@ class Handler(BaseHTTPRequestHandler):
             self._stream()
         elif path == "/api/info":
             info = {"app": "msmon view", "base": str(self.server.base), "pid": os.getpid()}
+            # the page builds its control buttons from the command table, not a copy
+            info["commands"] = command_list()
             self._json(200, {**info, "control_token": self.server.token})
         elif (static := self.server.files.get(path)) is not None:
             self._static(static)

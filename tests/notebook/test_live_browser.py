@@ -368,3 +368,66 @@ def test_an_unanswered_click_shows_the_msmon_ctl_line_that_stops_the_cell(tmp_pa
         page.wait_for_function(cell_done_js(1), timeout=30_000)
     runs = load_runs(tmp_path / "summary")
     assert [r.status for r in runs] == ["stopped"]
+
+
+@pytest.mark.slow
+def test_a_pause_from_msmon_ctl_shows_in_the_panel_and_snapshot_is_a_button(tmp_path):
+    """The panel shows the monitor's state, whoever changed it: ``msmon ctl pause`` reads
+    paused with a Resume button; the panel's Snapshot button (from the kernel's command
+    table) summarises the tensors at a step boundary, acknowledged in the panel, listed in
+    its snapshot table and recorded in the run."""
+    write_notebook(tmp_path / "snap.ipynb", [SETUP, TRAIN.format(base="summary")])
+    run_dir = tmp_path / "summary" / "live"
+    with jupyter_page(tmp_path, "snap.ipynb") as page:
+        run_all(page)
+        page.wait_for_function(
+            f"Number(document.querySelector('{CHART}')?.dataset.lastStep) > 20",
+            timeout=120_000,
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "msmon_nb.cli", "ctl", str(run_dir), "pause"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        page.wait_for_function(
+            "document.querySelector('.msmon-state').textContent === 'paused'", timeout=10_000
+        )
+        visible = page.evaluate(
+            "[...document.querySelectorAll('.msmon-panel button')]"
+            ".filter(b => !b.hidden).map(b => b.textContent)"
+        )
+        assert "Resume" in visible and "Pause" not in visible, visible
+        held = sample(page)["step"]
+        time.sleep(1.5)
+        assert sample(page)["step"] == held  # really paused, not only labelled so
+
+        click(page, "Snapshot")  # while paused: the boundary loop still reads the page
+        page.wait_for_function(
+            "document.querySelector('.msmon-result').textContent.startsWith('snapshot of')",
+            timeout=10_000,
+        )
+        answer = page.locator(".msmon-result").inner_text()
+        assert answer.endswith(f"at step {held}"), answer
+        page.wait_for_selector(".msmon-snapshots tr[data-snapshot]", timeout=10_000)
+        click(page, "Resume")
+        page.wait_for_function(
+            "document.querySelector('.msmon-state').textContent === 'running'", timeout=10_000
+        )
+        page.wait_for_function(
+            f"/step (\\d+)/.exec(document.querySelector('.msmon-status').textContent)[1] > {held}",
+            timeout=10_000,
+        )
+        click(page, "Snapshot")  # while running: at the next step boundary
+        page.wait_for_function(
+            f"!document.querySelector('.msmon-result').textContent.endsWith('at step {held}')",
+            timeout=10_000,
+        )
+        click(page, "Stop")
+        page.wait_for_function(cell_done_js(1), timeout=30_000)
+    run = load_run(run_dir)
+    assert run.status == "stopped"
+    steps = sorted({e["step"] for e in run.snapshots})
+    assert len(steps) == 2 and steps[0] == held and steps[1] > held, steps
+    assert {e["reason"] for e in run.snapshots} == {"ctl (panel)"}

@@ -401,3 +401,29 @@ def test_a_large_reset_travels_in_messages_vs_code_can_relay():
     panel.keep_state()  # the saved state is one message too
     assert len(panel.widget.initial_data) <= MAX_STATE_BYTES
     assert panel.widget.initial["type"] == "reset" and panel.widget.initial["keys"]
+
+
+def test_the_panel_answers_each_control_as_the_interpreter_did(tmp_path):
+    """A refused freq is answered as refused (it was acknowledged as done), a pause from
+    outside the page (msmon ctl, the viewer) reads paused, and the page gets the table
+    its controls are built from."""
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        mon.step(loss=1.0)
+        panel = Panel("t", str(mon.run_dir))
+        rec = Recorder(panel)
+        panel.attach(mon)
+        assert [c["label"] for c in panel.widget.commands][:3] == ["Pause", "Resume", "Stop"]
+        panel._on_page({"type": "freq", "value": 0, "id": 1})
+        ack = rec.messages[-1][0]
+        assert ack["type"] == "ack" and ack["id"] == 1 and ack["ok"] is False
+        assert "whole number >= 1 (e.g. freq 10), got 0" in ack["message"]
+        assert mon.collect_freq == 1
+        mon.command("pause", source="msmon ctl")  # what Monitor._obey does for msmon ctl
+        assert panel._status()["state"] == "paused"
+        panel._on_page({"type": "resume", "id": 2})
+        ack = rec.messages[-1][0]
+        assert ack["ok"] and ack["message"] == "resumed" and ack["status"]["state"] == "running"
+        panel._on_page({"type": "stop", "id": 3})
+        assert rec.messages[-1][0]["status"]["state"] == "stopping"
+        mon.resume()
+    assert Panel("s", live=False).widget.commands == []

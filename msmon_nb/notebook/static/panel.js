@@ -15,11 +15,14 @@
 //   key; synced state `initial` (+ `initial_data`): a whole reset holding updates up to
 //   its `seq` (kept current while no hello came through, see render()).
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
-//   acknowledgement that our code loaded), {type: "pause" | "resume" | "stop", id},
-//   {type: "freq", value: N, id}. The kernel answers each control with {type: "ack", id}
-//   at its next step boundary; without an answer within ACK_MS (VS Code does not deliver
-//   widget messages to a busy kernel) the panel shows the `msmon ctl` line that does the
-//   same from a terminal, and the viewer.
+//   acknowledgement that our code loaded), and a control: {type: NAME, id} or, for a
+//   command with an argument, {type: NAME, value, id}. The controls are built from the
+//   synced trait `commands` ([{name, label, help, arg: {name, kind, min} | null, when}],
+//   the kernel's command table): this file knows no command by name. The kernel answers
+//   each control with {type: "ack", id, ok, message, status} at its next step boundary
+//   (the status line then shows the monitor's state: paused, stopping...); without an
+//   answer within ACK_MS (VS Code does not deliver widget messages to a busy kernel) the
+//   panel shows the `msmon ctl` line that does the same from a terminal, and the viewer.
 //
 // Test contract: every chart element carries data-msmon-tag and data-last-step; the
 // status line contains "step N"; the buttons read Pause/Resume and Stop.
@@ -74,8 +77,9 @@ class Panel {
     this.scale = "auto";
     this.status = null;
     this.statusAt = 0;
-    this.stopping = false;
-    this.pending = new Map(); // control id -> timer until its ack
+    this.pending = new Map(); // control id -> {timer, button} until its ack
+    this.buttons = []; // [{spec, el}] of the commands without an argument
+    this.inputs = []; // [{spec, el}] of the commands with one
     this.nextId = 1;
     this.build(el);
   }
@@ -84,10 +88,7 @@ class Panel {
     const model = this.model;
     this.titleEl = h("b", { text: model.get("title") || "msmon" });
     this.statusEl = h("span", { class: "msmon-status", text: "waiting for the first step" });
-    this.pauseBtn = h("button", { class: "msmon-btn", type: "button", text: "Pause" });
-    this.stopBtn = h("button", { class: "msmon-btn msmon-stop", type: "button", text: "Stop" });
-    this.freqIn = h("input", { type: "number", min: "1", step: "1", value: "1",
-      class: "msmon-freq", title: "collect every N steps (applies at the next step)" });
+    this.resultEl = h("span", { class: "msmon-result" });
     this.smoothIn = h("input", { type: "range", min: "0", max: "0.99", step: "0.01",
       value: "0", class: "msmon-smooth" });
     this.smoothOut = h("span", { class: "msmon-muted", text: "0.00" });
@@ -96,8 +97,8 @@ class Panel {
     const live = model.get("live");
     const controls = h("div", { class: "msmon-controls" });
     if (live) {
-      controls.append(this.pauseBtn, this.stopBtn,
-        h("label", {}, "collect every ", this.freqIn));
+      for (const spec of model.get("commands") || []) controls.append(this.controlFor(spec));
+      controls.append(this.resultEl);
     }
     controls.append(h("label", {}, "smoothing ", this.smoothIn, this.smoothOut),
       h("label", {}, "y axis ", this.scaleSel));
@@ -113,21 +114,6 @@ class Panel {
       controls, this.hintEl, this.grid, this.alertsEl, this.snapsEl, footer);
     el.append(this.root);
 
-    this.pauseBtn.addEventListener("click", () => {
-      const pausing = this.pauseBtn.textContent === "Pause";
-      this.pauseBtn.textContent = pausing ? "Resume" : "Pause";
-      this.control({ type: pausing ? "pause" : "resume" });
-    });
-    this.stopBtn.addEventListener("click", () => {
-      this.stopping = true;
-      this.stopBtn.disabled = true;
-      this.control({ type: "stop" });
-      this.renderStatus();
-    });
-    this.freqIn.addEventListener("change", () => {
-      const n = parseInt(this.freqIn.value, 10);
-      if (n >= 1) this.control({ type: "freq", value: n });
-    });
     this.smoothIn.addEventListener("input", () => {
       this.smooth = parseFloat(this.smoothIn.value);
       this.smoothOut.textContent = this.smooth.toFixed(2);
@@ -159,13 +145,59 @@ class Panel {
     for (const c of this.charts) this.grid.append(c.el);
   }
 
-  // A control click: sent as a comm message; unanswered after ACK_MS, the panel says how
-  // to do the same where the page cannot reach a busy kernel.
-  control(msg) {
+  // The control of one command of the kernel's table: a button, or for a command with an
+  // argument a number field sent on change (the kernel checks it and says why it refuses).
+  // A button with `when` shows only in that state (Pause while running, Resume while paused).
+  controlFor(spec) {
+    if (spec.arg) {
+      const input = h("input", { type: "number", min: String(spec.arg.min),
+        step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.min),
+        class: `msmon-${spec.name}`, "data-cmd": spec.name, title: spec.help });
+      input.addEventListener("change", () => {
+        this.control(spec, input.value === "" ? null : Number(input.value));
+      });
+      this.inputs.push({ spec, el: input });
+      return h("label", {}, `${spec.label} `, input);
+    }
+    const button = h("button", { class: `msmon-btn msmon-${spec.name}`, type: "button",
+      text: spec.label, "data-cmd": spec.name, title: spec.help });
+    if (spec.when && spec.when !== "running") button.hidden = true;
+    button.addEventListener("click", () => {
+      button.disabled = true; // until the kernel answers
+      this.control(spec, null, button);
+    });
+    this.buttons.push({ spec, el: button });
+    return button;
+  }
+
+  // A control: sent as a comm message; unanswered after ACK_MS, the panel says how to do
+  // the same where the page cannot reach a busy kernel.
+  control(spec, value, button = null) {
     const id = this.nextId++;
-    this.model.send({ ...msg, id });
-    const words = msg.type === "freq" ? `freq ${msg.value}` : msg.type;
-    this.pending.set(id, setTimeout(() => this.unanswered(words), ACK_MS));
+    this.model.send(spec.arg ? { type: spec.name, value, id } : { type: spec.name, id });
+    const words = spec.arg ? `${spec.name} ${value}` : spec.name;
+    const timer = setTimeout(() => {
+      if (button) button.disabled = false; // it may be clicked again, or done elsewhere
+      this.unanswered(words);
+    }, ACK_MS);
+    this.pending.set(id, { timer, button });
+  }
+
+  // The monitor's state, as the kernel sent it, on the controls: which of a pair shows,
+  // and nothing to click once the run is stopping or over.
+  applyStatus(s) {
+    const off = !s.live || s.state === "stopping";
+    const shown = s.paused ? "paused" : "running";
+    for (const { spec, el } of this.buttons) {
+      if (spec.when) el.hidden = spec.when !== shown;
+      if (off) el.disabled = true;
+      else if (![...this.pending.values()].some((p) => p.button === el)) el.disabled = false;
+    }
+    for (const { spec, el } of this.inputs) {
+      // an argument the status carries under the command's name (the current value)
+      if (s[spec.name] != null && document.activeElement !== el) el.value = String(s[spec.name]);
+      if (off) el.disabled = true;
+    }
   }
 
   unanswered(words) {
@@ -182,9 +214,23 @@ class Panel {
 
   onMessage(msg, buffers) {
     if (msg.type === "ack") {
-      clearTimeout(this.pending.get(msg.id));
+      const pending = this.pending.get(msg.id);
       this.pending.delete(msg.id);
+      if (pending) {
+        clearTimeout(pending.timer);
+        if (pending.button) pending.button.disabled = false;
+      }
       if (!this.pending.size) this.hintEl.hidden = true;
+      if (msg.message != null) {
+        this.resultEl.textContent = msg.message;
+        this.resultEl.classList.toggle("msmon-refused", msg.ok === false);
+      }
+      if (msg.status) {
+        this.status = msg.status;
+        this.statusAt = performance.now();
+        this.applyStatus(msg.status);
+        this.renderStatus();
+      }
       return;
     }
     if (msg.type !== "reset" && msg.type !== "append") return;
@@ -223,13 +269,7 @@ class Panel {
     if (msg.status) {
       this.status = msg.status;
       this.statusAt = performance.now();
-      if (msg.status.freq && document.activeElement !== this.freqIn) {
-        this.freqIn.value = String(msg.status.freq);
-      }
-      if (!this.stopping) this.pauseBtn.textContent = msg.status.paused ? "Resume" : "Pause";
-      if (!msg.status.live) {
-        for (const b of [this.pauseBtn, this.stopBtn, this.freqIn]) b.disabled = true;
-      }
+      this.applyStatus(msg.status);
     }
     const width = this.chartWidth();
     for (const c of this.charts) {
@@ -250,8 +290,7 @@ class Panel {
   renderStatus() {
     const s = this.status;
     if (!s) return;
-    let state = s.state;
-    if (this.stopping && s.live) state = "stopping";
+    const state = s.state;
     let elapsed = s.elapsed;
     if (s.live && s.state === "running") elapsed += (performance.now() - this.statusAt) / 1000;
     const parts = [`step ${s.step == null ? "-" : s.step}`];
@@ -328,7 +367,7 @@ class Panel {
 
   destroy() {
     clearInterval(this.ticker);
-    for (const timer of this.pending.values()) clearTimeout(timer);
+    for (const { timer } of this.pending.values()) clearTimeout(timer);
     this.resizer.disconnect();
     for (const c of this.charts) c.destroy();
   }

@@ -33,6 +33,7 @@ const state = {
   yscale: "auto",
   smoothing: 0,
   token: null,            // from /api/info: sent back with each control request
+  commands: [],           // from /api/info: the command table the control rows are built from
 };
 
 // --- small helpers -------------------------------------------------------------------
@@ -165,7 +166,8 @@ function renderRuns() {
 
 // A selected run that is still being written gets the panel's buttons: POSTed to
 // /api/control with the server's token, acted on by the run's monitor at its next step
-// boundary (msmon ctl does the same from a terminal).
+// boundary (msmon ctl does the same from a terminal). The buttons are the commands of
+// /api/info (the kernel's table, rundir.control.SPECS): this file knows none by name.
 function renderControls() {
   const box = document.getElementById("controls");
   const live = state.runs.filter((r) => state.selected.has(r.name) && r.status === "running");
@@ -176,17 +178,24 @@ function renderControls() {
 
 function controlRow(name) {
   const msg = el("span", { class: "muted control-msg" });
-  const freq = el("input", { type: "number", min: "1", step: "1", value: "10",
-    class: "control-freq", "aria-label": "collect every N steps" });
-  const button = (label, cmd, arg = null) => {
-    const b = el("button", { type: "button", "data-cmd": cmd, text: label });
-    b.addEventListener("click", () => control(name, cmd, arg && arg(), msg));
-    return b;
-  };
-  return el("div", { class: "control-row", "data-run": name },
-    el("b", { text: name }), button("Pause", "pause"), button("Resume", "resume"),
-    button("Stop", "stop"), el("label", {}, "collect every ", freq),
-    button("Set", "freq", () => Number(freq.value)), button("Snapshot", "snapshot"), msg);
+  const parts = [];
+  for (const spec of state.commands) {
+    const button = (label, arg = null) => {
+      const b = el("button", { type: "button", "data-cmd": spec.name, text: label, title: spec.help });
+      b.addEventListener("click", () => control(name, spec.name, arg && arg(), msg));
+      return b;
+    };
+    if (!spec.arg) {
+      parts.push(button(spec.label));
+      continue;
+    }
+    // a command with an argument: its field (starting at the table's example) and Set
+    const input = el("input", { type: "number", min: String(spec.arg.min),
+      step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.example),
+      class: `control-${spec.name}`, "aria-label": spec.help });
+    parts.push(el("label", {}, `${spec.label} `, input), button("Set", () => Number(input.value)));
+  }
+  return el("div", { class: "control-row", "data-run": name }, el("b", { text: name }), ...parts, msg);
 }
 
 async function control(run, cmd, arg, msgEl) {
@@ -599,7 +608,12 @@ function init() {
     }
   }, 1000);
   connect();
-  getJSON("/api/info").then((info) => { state.token = info.control_token; })
+  getJSON("/api/info").then((info) => {
+    state.token = info.control_token;
+    state.commands = info.commands || [];
+    document.getElementById("controls").replaceChildren(); // rows built before: rebuilt
+    renderControls();
+  })
     .catch((err) => console.error(`msmon: ${err.message}`));
   loadRuns().catch((err) => console.error(`msmon: ${err.message}`));
 }
