@@ -303,7 +303,12 @@ class Handler(BaseHTTPRequestHandler):
         cursor = events.seq
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-store")
+        # no-transform: code-server's proxy gzips what it forwards (express `compression`)
+        # and would hold the events in its buffer; it, like any proxy that follows RFC
+        # 9111, leaves a no-transform answer alone. X-Accel-Buffering: nginx, which often
+        # fronts JupyterHub, buffers answers unless told not to
+        self.send_header("Cache-Control", "no-store, no-transform")
+        self.send_header("X-Accel-Buffering", "no")
         self.send_header("Connection", "close")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
