@@ -7,17 +7,22 @@ start-up time and earn nothing here. One thread per connection is fine at that s
 
 Security: binds 127.0.0.1 unless told otherwise; when bound to loopback it also refuses
 requests whose ``Host`` header is not a loopback name, so a web page the user visits
-cannot reach the viewer through DNS rebinding; GET, plus one POST (``/api/control``: a
-command of ``rundir.control.SPECS`` for a live run) that needs the server's token in an
-``X-Msmon-Token`` header, which only this origin's page can read; static files come
-from a whitelist (``static.py``); run names are looked up among the discovered runs, never
-joined into paths, and a control goes only to a run dir proven to be inside the base.
+cannot reach the viewer through DNS rebinding, unless the request shows the viewer's
+access token (``access.py``: the header jupyter-server-proxy adds, or the cookie that
+``?msmon_token=`` sets behind code-server's ``/proxy/PORT/``; a rebinding page knows
+neither, and the browser keeps the cookie for the proxy's host name only); GET, plus one
+POST (``/api/control``: a command of
+``rundir.control.SPECS`` for a live run) that needs the
+server's token in an ``X-Msmon-Token`` header, which only this origin's page can read;
+static files come from a whitelist (``static.py``); run names are looked up among the
+discovered runs, never joined into paths, and a control goes only to a run dir proven to
+be inside the base. Every URL the page uses is relative and every redirect is ``./``, so
+the viewer works under any path prefix a proxy puts in front of it.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -35,6 +40,14 @@ from typing import Any, TextIO
 
 from msmon_nb.rundir.control import ControlError, command_list, live_ranks, send, wait_for_ack
 from msmon_nb.viewer import api
+from msmon_nb.viewer.access import (
+    TOKEN_HEADER,
+    TOKEN_PARAM,
+    Gate,
+    access_token,
+    is_loopback,
+    without_token,
+)
 from msmon_nb.viewer.sse import Broadcaster
 from msmon_nb.viewer.static import MissingAsset, StaticFile, static_files
 from msmon_nb.viewer.store import RunStore, UnknownRun
@@ -43,29 +56,11 @@ log = logging.getLogger(__name__)
 
 POLL_SECS = 0.5  # watcher period: new points reach the page well within 2 s
 PING_SECS = 15.0
-_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 CONTROL_WAIT_SECS = 10.0  # a control POST waits this long for the monitor's ack
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'"
 )
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host.lower() in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(header: str) -> str:
-    """The host part of a ``Host`` header (``[::1]:8080`` -> ``::1``)."""
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 class ViewerServer(ThreadingHTTPServer):
@@ -87,6 +82,8 @@ class ViewerServer(ThreadingHTTPServer):
         # of another origin cannot read it (no CORS), and its custom header would need a
         # preflight this server never grants
         self.token = secrets.token_urlsafe(24)
+        # lets a proxied request with a foreign Host in (access.py); printed at start
+        self.gate = Gate(self.loopback_only, access_token())
         self.closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self._serving: threading.Thread | None = None
@@ -140,6 +137,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 60  # idle keep-alive connections give their thread back
     server_version = "msmon-view"
+    _cookie = ""  # a Set-Cookie for this request's answer (access.Gate.cookie)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - %s", self.address_string(), format % args)
@@ -171,11 +169,28 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(self._post)
 
     def _local(self) -> bool:
-        """False (and a 403 sent) for a request whose Host is not a loopback name."""
-        if self.server.loopback_only:
-            host = _host_name(self.headers.get("Host", ""))
-            if not is_loopback(host):
-                self._json(403, {"error": f"Host {host!r} refused: the viewer is local-only"})
+        """False (and a 403 sent) for a request the Host rule refuses (``access.py``);
+        a page request that showed ``?msmon_token=`` is answered by the redirect that
+        sets the cookie and drops the token from the address (False too)."""
+        self._cookie = ""  # a keep-alive connection's earlier request may have set one
+        target = urllib.parse.urlsplit(self.path)
+        verdict = self.server.gate.check(
+            self.headers.get("Host", ""),
+            self.headers.get(TOKEN_HEADER, ""),
+            self.headers.get("Cookie", ""),
+            target.query,
+        )
+        if not verdict.allowed:
+            self._json(403, {"error": verdict.error})
+            return False
+        if verdict.set_cookie:
+            self._cookie = self.server.gate.cookie()
+            if self.command == "GET" and target.path in ("/", "/index.html"):
+                # relative, so it stays under the proxy's prefix; 303: GET, no body
+                rest = without_token(target.query)
+                self._send(
+                    303, b"", "text/plain", {"Location": "./" + (f"?{rest}" if rest else "")}
+                )
                 return False
         return True
 
@@ -273,6 +288,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         self.send_response(status)
+        if self._cookie:
+            self.send_header("Set-Cookie", self._cookie)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Content-Type-Options", "nosniff")
@@ -289,7 +306,12 @@ class Handler(BaseHTTPRequestHandler):
         cursor = events.seq
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-store")
+        # no-transform: code-server's proxy gzips what it forwards (express `compression`)
+        # and would hold the events in its buffer; it, like any proxy that follows RFC
+        # 9111, leaves a no-transform answer alone. X-Accel-Buffering: nginx, which often
+        # fronts JupyterHub, buffers answers unless told not to
+        self.send_header("Cache-Control", "no-store, no-transform")
+        self.send_header("X-Accel-Buffering", "no")
         self.send_header("Connection", "close")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
@@ -385,6 +407,13 @@ def serve(
         signal.signal(signal.SIGINT, signal.default_int_handler)
     server.start_watcher()
     print(f"msmon view: serving {base_path} at {server.url}", file=out, flush=True)
+    if server.loopback_only:
+        print(
+            f"msmon view: through a proxy (code-server or JupyterLab /proxy/{server.server_port}/)"
+            f" open it once with ?{TOKEN_PARAM}={server.gate.token}",
+            file=out,
+            flush=True,
+        )
     try:
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

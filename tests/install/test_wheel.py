@@ -31,6 +31,11 @@ def package_files() -> set[str]:
     }
 
 
+def zf_text(wheel, name: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name).decode()
+
+
 def test_the_wheel_holds_every_package_file_and_says_what_it_needs(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -43,6 +48,13 @@ def test_the_wheel_holds_every_package_file_and_says_what_it_needs(wheel):
     assert set(meta["Requires-Python"].split(",")) == {">=3.10", "<3.13"}
     assert meta["License-Expression"] == "Apache-2.0"
     assert any(r.startswith("mindspore") for r in meta.get_all("Requires-Dist"))
+    # the viewer in JupyterLab's launcher: the entry point jupyter-server-proxy reads, and
+    # the extra that installs it
+    assert "jupyter" in meta.get_all("Provides-Extra")
+    (entry_name,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    entry_points = zf_text(wheel, entry_name)
+    assert "[jupyter_serverproxy_servers]" in entry_points
+    assert "msmon = msmon_nb.viewer.jupyter:setup_msmon_view" in entry_points
 
 
 def test_msmon_nb_is_imported_from_the_fresh_venv(venv: Venv):
@@ -100,8 +112,11 @@ def test_demo_then_the_viewer_serves_it(venv: Venv):
         assert url.startswith("http://127.0.0.1:")
         status, page = get(url)
         assert status == 200 and b"<html" in page.lower()
-        for asset in re.findall(rb'(?:src|href)="(/[^"]+)"', page):  # app, css, chart.js and uPlot
-            status, body = get(url.rstrip("/") + asset.decode())
+        # app, css, chart.js and uPlot, all relative (the page works under a proxy's prefix)
+        assets = re.findall(rb'(?:src|href)="(?!data:)([^"]+)"', page)
+        assert len(assets) == 6 and not [a for a in assets if a.startswith(b"/")], assets
+        for asset in assets:
+            status, body = get(url + asset.decode())
             assert status == 200 and body, asset
         status, body = get(url + "api/runs")
         (run,) = json.loads(body)

@@ -40,6 +40,9 @@ const state = {
 
 const el = h; // the chart component's DOM helper
 
+// Every URL of this page is relative (api/runs, not /api/runs), like index.html's assets:
+// behind a proxy (JupyterLab's <lab>/msmon/, code-server's /proxy/8080/) the page lives
+// under a path prefix the server never sees. tests/viewer/test_proxy.py checks it.
 async function getJSON(url) {
   const resp = await fetch(url, { cache: "no-store" });
   const body = await resp.json();
@@ -116,7 +119,7 @@ function flaggedRanks(run) {
 // --- run list --------------------------------------------------------------------------
 
 async function loadRuns() {
-  state.runs = await getJSON("/api/runs");
+  state.runs = await getJSON("api/runs");
   const names = new Set(state.runs.map((r) => r.name));
   for (const name of [...state.selected]) if (!names.has(name)) state.selected.delete(name);
   if (!state.initialised && state.runs.length) {
@@ -201,7 +204,7 @@ function controlRow(name) {
 async function control(run, cmd, arg, msgEl) {
   msgEl.textContent = `${cmd}: sent`;
   try {
-    const resp = await fetch("/api/control", {
+    const resp = await fetch("api/control", {
       method: "POST",
       headers: { "Content-Type": "application/json", "X-Msmon-Token": state.token || "" },
       body: JSON.stringify({ run, cmd, arg: arg ?? null }),
@@ -286,7 +289,7 @@ async function loadPlan() {
   if (!names.length) { state.plan = []; return; }
   const params = new URLSearchParams();
   for (const n of names) params.append("run", n);
-  state.plan = await getJSON(`/api/charts?${params}`);
+  state.plan = await getJSON(`api/charts?${params}`);
 }
 
 // Charts for the plan, in its order, under a heading per group; charts no longer planned go.
@@ -333,7 +336,7 @@ function scalarsURL(run, tag, zoom, rank = null) {
     params.set("start", String(Math.floor(zoom[0])));
     params.set("end", String(Math.ceil(zoom[1])));
   }
-  return `/api/scalars?${params}`;
+  return `api/scalars?${params}`;
 }
 
 async function fetchChart(id, onlyRun = null) {
@@ -461,8 +464,8 @@ function resetZoom() {
 async function loadSide(run) {
   try {
     const [alerts, snaps] = await Promise.all([
-      getJSON(`/api/alerts?${new URLSearchParams({ run })}`),
-      getJSON(`/api/snapshots?${new URLSearchParams({ run })}`),
+      getJSON(`api/alerts?${new URLSearchParams({ run })}`),
+      getJSON(`api/snapshots?${new URLSearchParams({ run })}`),
     ]);
     state.alerts.set(run, alerts);
     state.snapshots.set(run, snaps);
@@ -566,7 +569,7 @@ function scheduleRunsReload() {
 
 function connect() {
   const live = document.getElementById("live");
-  const source = new EventSource("/api/stream");
+  const source = new EventSource("api/stream");
   source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
   source.addEventListener("error", () => { live.textContent = "offline"; live.className = "live off"; });
   source.addEventListener("hello", (ev) => {
@@ -608,7 +611,7 @@ function init() {
     }
   }, 1000);
   connect();
-  getJSON("/api/info").then((info) => {
+  getJSON("api/info").then((info) => {
     state.token = info.control_token;
     state.commands = info.commands || [];
     document.getElementById("controls").replaceChildren(); // rows built before: rebuilt
