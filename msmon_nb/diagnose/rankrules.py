@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from msmon_nb.config.cards import CARDS, SEVERITY
 from msmon_nb.diagnose.alert import Alert
 
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -57,16 +58,6 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "rank_spike": {"global_factor": 2.0, "local_factor": 4.0, "window": 20, "min_history": 5},
     "rank_stopped": {"lag": 5, "stale_secs": 10.0},
 }
-SEVERITY = {
-    "grad_norm_mismatch": "critical",
-    "loss_spread": "warning",
-    "straggler": "warning",
-    "rank_grad_spike": "warning",
-    "rank_loss_spike": "warning",
-    "rank_stopped": "critical",
-}
-# kinds that may recur for one rank at different steps: recorded once per onset
-PER_ONSET = ("rank_grad_spike", "rank_loss_spike")
 WAIT_TAG = "train/comm_wait"
 BUSY_TAG = "train/comm_busy"
 
@@ -352,7 +343,9 @@ def alert_key(alert: Any) -> tuple[Any, ...]:
     """What makes two cross-rank alerts the same problem: (kind, rank), plus the onset
     for kinds that recur (a rank can send several outlier batches)."""
     kind, rank = alert.get("kind"), alert.get("rank")
-    return (kind, rank, alert.get("since_step")) if kind in PER_ONSET else (kind, rank)
+    found = CARDS.get(kind)
+    per_onset = found is not None and found.per_onset  # may recur for one rank
+    return (kind, rank, alert.get("since_step")) if per_onset else (kind, rank)
 
 
 def rank_stopped(
