@@ -318,8 +318,8 @@ _CARDS = (
 CARDS: Mapping[str, Card] = MappingProxyType({c.kind: c for c in _CARDS})
 # the kinds ``monitor_config.alerts`` configures
 KINDS: tuple[str, ...] = tuple(c.kind for c in _CARDS if c.configurable)
-# the kinds ``action: skip`` accepts
-SKIP_KINDS: tuple[str, ...] = tuple(c.kind for c in _CARDS if c.skippable)
+# the kinds ``action: skip`` accepts, alphabetical (as error messages list them)
+SKIP_KINDS: tuple[str, ...] = tuple(sorted(c.kind for c in _CARDS if c.skippable))
 # kind -> "warning" | "critical", every kind
 SEVERITY: Mapping[str, str] = MappingProxyType({c.kind: c.severity for c in _CARDS})
 # skip gate reason code -> the kind whose criterion failed
