@@ -25,6 +25,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from msmon_nb.collect.hooks import optimizer_bases
+from msmon_nb.config.cards import CARDS
 
 
 def global_norm(grads: Any) -> Tensor:
@@ -345,9 +346,10 @@ class TapMode:
 
 _ONE = Tensor(1, ms.int32)
 _ZERO = Tensor(0, ms.int32)
-_NONFINITE = Tensor(1, ms.int32)  # SkipGate reason codes (collect.skip.REASONS)
-_GRAD = Tensor(2, ms.int32)
-_LOSS = Tensor(3, ms.int32)
+# SkipGate reason codes (collect.skip.REASONS): the skippable cards' skip_code
+_NONFINITE = Tensor(CARDS["nonfinite"].skip_code, ms.int32)
+_GRAD = Tensor(CARDS["grad_explosion"].skip_code, ms.int32)
+_LOSS = Tensor(CARDS["loss_spike"].skip_code, ms.int32)
 
 
 def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True) -> Any:

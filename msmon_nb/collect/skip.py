@@ -32,9 +32,11 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from msmon_nb.collect.graph import tap_scalar
+from msmon_nb.config.cards import SKIP_REASONS
 
-# reason codes written by the wrapper (collect.graph) -> the alert kind they answer to
-REASONS = {1: "nonfinite", 2: "grad_explosion", 3: "loss_spike"}
+# reason codes written by the wrapper (collect.graph) -> the alert kind they answer to:
+# each skippable card's ``skip_code``
+REASONS = SKIP_REASONS
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,14 @@
 
 Rules are small objects over one numeric series each (``grad.py``, ``loss.py``,
 ``lr.py``, ``steps.py``; ``optim.py`` and ``pipeline.py`` read two or more), configured
-by ``monitor_config.alerts`` (``config/alerts.py``),
+by ``monitor_config.alerts`` (``config/alerts.py``, built from the cards of
+``config/cards.py``: one card per kind),
 run incrementally by ``Diagnoser`` (``engine.py``) or over whole series by ``detect``
 (one rule) and ``diagnose`` (all of them). Nothing here imports MindSpore or numpy:
 the hot path is plain Python, O(1) per step, about 9-15 us a step for the default
 rules on six scalars (``bench/diagnose.py``; a reference MLP step is ~25 ms).
 
-Kinds, default thresholds (``config.alerts.SCHEMA`` has all of them) and onset
+Kinds, default thresholds (``config.cards.CARDS`` has all of them) and onset
 (``since_step``; "exact" = the first step of the scripted anomaly in the tests):
 
 =================  ========  ==========================================  ===================

@@ -9,8 +9,11 @@ when the rule became sure; ``since_step`` is the onset.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from msmon_nb.config.cards import chart_of
 
 SEVERITIES = ("warning", "critical")
 _ALIASES = {"onset": "since_step", "onset_step": "since_step", "rule": "kind"}
@@ -91,6 +94,13 @@ class Alert:
             value=None if value is None else float(value),
             rank=None if rank is None else int(rank),
         )
+
+
+def with_chart(alert: Mapping[str, Any]) -> dict[str, Any]:
+    """An alert dict with ``chart``: the tag of the chart it marks (None: every chart of
+    the run), from its own tag or its kind's card, so the pages place it without a copy
+    of the kinds (alerts read back from older runs included)."""
+    return {**alert, "chart": chart_of(str(alert.get("kind", "")), alert.get("tag"))}
 
 
 def fmt(value: float) -> str:

@@ -12,7 +12,11 @@ run flapping between Inf and finite values, is one report, not many.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from msmon_nb.config.cards import Card, card
+from msmon_nb.diagnose.window import Levels
 
 LOG2 = math.log10(2.0)  # values within 2x of the running median are never "out of band"
 TINY = 1e-12  # keeps thresholds above a perfectly constant series
@@ -94,6 +98,47 @@ class Streak(EpisodeRule):
             return False
         self.episode.start()
         return True
+
+
+# kind -> the rule class that declared it (``CardRule`` subclasses register themselves)
+RULES: dict[str, type[CardRule]] = {}
+
+
+class CardRule:
+    """Base of every rule of an alert card: ``class LrZero(CardRule, kind="lr_zero")``.
+
+    The class names its card once, by kind (``config.cards``), and registers itself in
+    ``RULES``; ``__init__(settings)`` takes the kind's resolved settings and sets every
+    parameter the card gives the rule as an attribute of the same name, so a parameter
+    is written in its card and where the rule uses it, nowhere else. A subclass that
+    keeps a derived value (``log10(factor)``) assigns it after ``super().__init__``.
+    Companion tags the card names become ``self.companions`` (the engine feeds them to
+    ``observe``). A card with a ``level`` gets ``self.levels``: the running level of its series,
+    ``levels`` when the engine shares one between the rules of a tag, else its own.
+    """
+
+    __slots__ = ()
+    kind: ClassVar[str]
+    card: ClassVar[Card]
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind is not None:
+            if kind in RULES:
+                raise TypeError(f"{cls.__name__}: {kind!r} already has a rule ({RULES[kind]})")
+            cls.kind = kind
+            cls.card = card(kind)
+            RULES[kind] = cls
+
+    def __init__(self, settings: Mapping[str, Any], levels: Levels | None = None) -> None:
+        for name in self.card.rule_params():
+            setattr(self, name, settings[name])
+        how = self.card.level
+        if how is not None:
+            self.levels = levels if levels is not None else Levels(settings["window"], **how)
+        if self.card.companions:
+            self.companions = tuple(settings[name] for name in self.card.companions)
+        super().__init__()
 
 
 class SeriesRule(Protocol):

@@ -14,11 +14,12 @@ from typing import Any
 
 from msmon_nb.config import COMPUTE_TAG, DATA_TAG
 from msmon_nb.config.alerts import resolve_settings
+from msmon_nb.config.cards import CARDS, SEVERITY
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 from msmon_nb.diagnose.pipeline import DataBound
-from msmon_nb.diagnose.rules import SERIES_RULES, SEVERITY, make_rule
+from msmon_nb.diagnose.rules import SERIES_RULES, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 
 
@@ -62,7 +63,8 @@ class Diagnoser:
             observers.setdefault(tag, []).append(convergence.observe)
         for kind in SERIES_RULES:
             params = self.settings[kind]
-            if kind in disabled or (kind == "lr_decay" and params["expect_by"] is None):
+            needs = CARDS[kind].runs_when
+            if kind in disabled or (needs is not None and params[needs] is None):
                 continue
             rules, _ = routes.setdefault(params["tag"], ([], None))
             rule = make_rule(kind, params, shared)
@@ -72,30 +74,22 @@ class Diagnoser:
             for tag in getattr(rule, "companions", ()):
                 observers.setdefault(tag, []).append(rule.observe)
         self._observers = observers
-        if "nonfinite" not in disabled:
-            patience = self.settings["nonfinite"]["patience"]
-            for tag in self.settings["nonfinite"]["tags"]:
+        if NonFinite.kind not in disabled:
+            nonfinite = self.settings[NonFinite.kind]
+            for tag in nonfinite["tags"]:
                 rules, _ = routes.get(tag, ([], None))
-                routes[tag] = (rules, NonFinite(tag=tag, patience=patience))
+                routes[tag] = (rules, NonFinite(nonfinite, tag))
         self._routes = routes
-        self._order = StepOrder() if "step_order" not in disabled else None
+        self._order = self._make(StepOrder, disabled)
         tags = [t for t in (tracked or ()) if "/" in t]
         self._missing = (
-            MetricMissing(tags=tags, patience=self.settings["metric_missing"]["patience"])
-            if tags and "metric_missing" not in disabled
+            MetricMissing(self.settings[MetricMissing.kind], tags)
+            if tags and MetricMissing.kind not in disabled
             else None
         )
-        self._data_bound = (
-            DataBound(**{k: v for k, v in self.settings["data_bound"].items() if k != "action"})
-            if "data_bound" not in disabled
-            else None
-        )
-        vstale = self.settings["adam_v_stale"]
-        self._vstale = (
-            AdamVStale(**{k: v for k, v in vstale.items() if k != "action"})
-            if "adam_v_stale" not in disabled
-            else None
-        )
+        self._data_bound = self._make(DataBound, disabled)
+        vstale = self.settings[AdamVStale.kind]
+        self._vstale = self._make(AdamVStale, disabled)
         if self._vstale is not None:
             self._vstale.convergence = convergence
         self._vstale_tag = vstale["grad_tag"]
@@ -104,6 +98,10 @@ class Diagnoser:
         self._v_pending: dict[tuple[str, int], float] = {}
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
+
+    def _make(self, cls: type, disabled: set[str]) -> Any:
+        """A rule fed by hand below (not one tag's series), or None when disabled."""
+        return None if cls.kind in disabled else cls(self.settings[cls.kind])
 
     def action(self, kind: str) -> str:
         """What the monitor should do for an alert of ``kind``: warn|snapshot|stop|debug."""

@@ -24,9 +24,11 @@ of the tail and feeds back into more outliers.)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import LOG2, CardRule, EpisodeRule, Finding, short
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import Levels
 
@@ -38,42 +40,15 @@ _VANISH_HINT = (
 )
 
 
-class GradExplosion(EpisodeRule):
+class GradExplosion(CardRule, EpisodeRule, kind="grad_explosion"):
     """grad_norm >= ``factor`` x its running median (and ``z`` robust sigmas above it) for
     ``patience`` collected steps in a row, or above the absolute ``ceiling`` once."""
 
-    __slots__ = (
-        "_over",
-        "_since",
-        "ceiling",
-        "levels",
-        "log_factor",
-        "min_history",
-        "name",
-        "patience",
-        "z",
-    )
-
-    def __init__(
-        self,
-        *,
-        tag: str,
-        factor: float,
-        z: float,
-        ceiling: float,
-        patience: int,
-        window: int,
-        min_history: int,
-        levels: Levels | None = None,
-    ) -> None:
-        super().__init__()
-        self.name = short(tag)
-        self.log_factor = math.log10(factor)
-        self.z = z
-        self.ceiling = ceiling
-        self.patience = patience
-        self.min_history = min(min_history, window)
-        self.levels = levels if levels is not None else Levels(window, log=True)
+    def __init__(self, settings: Mapping[str, Any], levels: Levels | None = None) -> None:
+        super().__init__(settings, levels)
+        self.name = short(self.tag)
+        self.log_factor = math.log10(self.factor)
+        self.min_history = min(self.min_history, self.window)
         self._over = 0
         self._since: int | None = None
 
@@ -121,7 +96,7 @@ class GradExplosion(EpisodeRule):
         return Finding(since, value, message)
 
 
-class GradVanishing(EpisodeRule):
+class GradVanishing(CardRule, EpisodeRule, kind="grad_vanishing"):
     """grad_norm below ``floor`` for ``patience`` collected steps in a row, or ``factor`` x
     below its running median for ``patience`` steps (a sudden collapse); none starts while the
     run has converged (``convergence``, set by the engine: the loss at its floor, grad_norm
@@ -132,38 +107,11 @@ class GradVanishing(EpisodeRule):
     from its first crossing.
     """
 
-    __slots__ = (
-        "_floor_count",
-        "_floor_since",
-        "_rel_count",
-        "_rel_since",
-        "convergence",
-        "floor",
-        "levels",
-        "log_factor",
-        "min_history",
-        "name",
-        "patience",
-    )
-
-    def __init__(
-        self,
-        *,
-        tag: str,
-        floor: float,
-        factor: float,
-        patience: int,
-        window: int,
-        min_history: int,
-        levels: Levels | None = None,
-    ) -> None:
-        super().__init__()
-        self.name = short(tag)
-        self.floor = floor
-        self.log_factor = math.log10(factor)
-        self.patience = patience
-        self.min_history = min(min_history, window)
-        self.levels = levels if levels is not None else Levels(window, log=True)
+    def __init__(self, settings: Mapping[str, Any], levels: Levels | None = None) -> None:
+        super().__init__(settings, levels)
+        self.name = short(self.tag)
+        self.log_factor = math.log10(self.factor)
+        self.min_history = min(self.min_history, self.window)
         self._floor_count = 0
         self._floor_since: int | None = None
         self._rel_count = 0

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import TINY, EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import TINY, CardRule, EpisodeRule, Finding, short
 from msmon_nb.diagnose.trend import hinge_onset
 from msmon_nb.diagnose.window import Levels
 
@@ -49,7 +51,7 @@ def _high(
     return excess > _margin(rule, median, q90, bar)
 
 
-class LossSpike:
+class LossSpike(CardRule, kind="loss_spike"):
     """One collected step whose excess over the running median is larger than each of
     ``tail`` x (q90 - median), ``rel`` x |median| and ``hold`` x the largest excess of
     the recent past (a peak hold that halves every ``memory`` collected steps).
@@ -68,41 +70,11 @@ class LossSpike:
     reported once here and again by ``loss_divergence``.
     """
 
-    __slots__ = (
-        "_decay",
-        "_first",
-        "_peak",
-        "active",
-        "hold",
-        "levels",
-        "min_history",
-        "name",
-        "rel",
-        "scale",
-        "tail",
-    )
-
-    def __init__(
-        self,
-        *,
-        tag: str,
-        tail: float,
-        rel: float,
-        hold: float,
-        memory: int,
-        scale: float,
-        window: int,
-        min_history: int,
-        levels: Levels | None = None,
-    ) -> None:
-        self.name = short(tag)
-        self.tail = tail
-        self.rel = rel
-        self.hold = hold
-        self.scale = scale
-        self.min_history = min(min_history, window)
-        self.levels = levels if levels is not None else Levels(window, upper=True)
-        self._decay = 0.5 ** (1.0 / memory)
+    def __init__(self, settings: Mapping[str, Any], levels: Levels | None = None) -> None:
+        super().__init__(settings, levels)
+        self.name = short(self.tag)
+        self.min_history = min(self.min_history, self.window)
+        self._decay = 0.5 ** (1.0 / self.memory)
         self._peak = 0.0
         self._first = 0.0
         self.active = False
@@ -152,7 +124,7 @@ class LossSpike:
         return Finding(step, value, message)
 
 
-class LossDivergence(EpisodeRule):
+class LossDivergence(CardRule, EpisodeRule, kind="loss_divergence"):
     """A sustained rise, in either of two shapes.
 
     *Jump*: ``patience`` collected steps in a row whose excess over the running median
@@ -174,65 +146,12 @@ class LossDivergence(EpisodeRule):
     within half the allowed rise, so a loss hovering at the threshold is reported once.
     """
 
-    __slots__ = (
-        "_alpha",
-        "_best",
-        "_best_step",
-        "_decay",
-        "_drift",
-        "_ema",
-        "_first",
-        "_high",
-        "_high_since",
-        "_noise",
-        "_peak",
-        "_recent",
-        "_recent_steps",
-        "_run_max",
-        "_run_ref",
-        "_start",
-        "giveback",
-        "hold",
-        "levels",
-        "min_history",
-        "name",
-        "patience",
-        "rel",
-        "rise",
-        "scale",
-        "tail",
-    )
-
-    def __init__(
-        self,
-        *,
-        tag: str,
-        tail: float,
-        rel: float,
-        patience: int,
-        rise: float,
-        giveback: float,
-        span: int,
-        hold: float,
-        memory: int,
-        scale: float,
-        window: int,
-        min_history: int,
-        levels: Levels | None = None,
-    ) -> None:
-        super().__init__()
-        self.name = short(tag)
-        self.tail = tail
-        self.rel = rel
-        self.patience = patience
-        self.rise = rise
-        self.giveback = giveback
-        self.hold = hold
-        self.scale = scale
-        self.min_history = min(min_history, window)
-        self.levels = levels if levels is not None else Levels(window, upper=True)
-        self._alpha = 2.0 / (span + 1.0)
-        self._decay = 0.5 ** (1.0 / memory)
+    def __init__(self, settings: Mapping[str, Any], levels: Levels | None = None) -> None:
+        super().__init__(settings, levels)
+        self.name = short(self.tag)
+        self.min_history = min(self.min_history, self.window)
+        self._alpha = 2.0 / (self.span + 1.0)
+        self._decay = 0.5 ** (1.0 / self.memory)
         self._peak = 0.0
         self._run_ref = 0.0
         self._run_max = 0.0
@@ -240,8 +159,8 @@ class LossDivergence(EpisodeRule):
         self._ema = 0.0
         self._noise = 0.0  # variance of value - average
         # the last 3 x window values and their steps, for the onset of a drift
-        self._recent: deque[float] = deque(maxlen=3 * window)
-        self._recent_steps: deque[int] = deque(maxlen=3 * window)
+        self._recent: deque[float] = deque(maxlen=3 * self.window)
+        self._recent_steps: deque[int] = deque(maxlen=3 * self.window)
         self._start: float | None = None
         self._best = 0.0
         self._best_step = 0
@@ -346,7 +265,7 @@ class LossDivergence(EpisodeRule):
 _LEARNED = 0.1  # a loss less than 10 % below its start has not learned anything yet
 
 
-class LossPlateau:
+class LossPlateau(CardRule, kind="loss_plateau"):
     """No significant improvement for ``window`` collected steps, in a run that has not
     learned: the loss's moving average is less than ``max_progress`` (a fraction) below
     where it started (the mean of its first ``span`` values).
@@ -375,34 +294,10 @@ class LossPlateau:
     disable the rule) when warmup spans more collected steps than ``window``.
     """
 
-    __slots__ = (
-        "_alpha",
-        "_best",
-        "_best_step",
-        "_count",
-        "_ema",
-        "_first_step",
-        "_learned",
-        "_noise",
-        "_stale",
-        "_start",
-        "active",
-        "max_progress",
-        "min_delta",
-        "name",
-        "span",
-        "window",
-    )
-
-    def __init__(
-        self, *, tag: str, window: int, min_delta: float, span: int, max_progress: float
-    ) -> None:
-        self.name = short(tag)
-        self.window = window
-        self.min_delta = min_delta
-        self.span = span
-        self.max_progress = max_progress
-        self._alpha = 2.0 / (span + 1.0)
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.tag)
+        self._alpha = 2.0 / (self.span + 1.0)
         self._count = 0
         self._ema = 0.0
         self._noise = 0.0  # variance of value - average (running, then 4 x span weighted)

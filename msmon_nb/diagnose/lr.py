@@ -8,22 +8,24 @@ never advances: an lr stuck at a tiny first value (e.g. peak / warmup_steps).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from msmon_nb.diagnose.alert import fmt
-from msmon_nb.diagnose.base import Finding, Streak, short
+from msmon_nb.diagnose.base import CardRule, Finding, Streak, short
 
 
-class LrZero:
+class LrZero(CardRule, kind="lr_zero"):
     """lr <= 0 for ``patience`` collected steps in a row: nothing is being learned.
 
     A schedule that starts its warmup at 0 or ends its decay at 0 shows a single zero;
     ``patience`` (default 3) lets that pass. ``since_step`` is the first zero (exact).
     """
 
-    __slots__ = ("_streak", "name")
-
-    def __init__(self, *, tag: str, patience: int) -> None:
-        self.name = short(tag)
-        self._streak = Streak(patience)
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.tag)
+        self._streak = Streak(self.patience)
 
     @property
     def active(self) -> bool:
@@ -48,7 +50,7 @@ class LrZero:
         return Finding(streak.since, value, message)
 
 
-class LrWarmup:
+class LrWarmup(CardRule, kind="lr_warmup"):
     """The lr never moved from its first value during the first ``patience`` collected
     steps, while a warmup of ``warmup_steps`` was configured, or while that first value
     is tiny (<= ``tiny``) -- the signature of a warmup whose step counter is stuck.
@@ -57,23 +59,9 @@ class LrWarmup:
     step (exact). A first value <= 0 is left to ``lr_zero``.
     """
 
-    __slots__ = (
-        "_count",
-        "_done",
-        "_first",
-        "_first_step",
-        "active",
-        "name",
-        "patience",
-        "tiny",
-        "warmup_steps",
-    )
-
-    def __init__(self, *, tag: str, warmup_steps: int | None, tiny: float, patience: int) -> None:
-        self.name = short(tag)
-        self.warmup_steps = warmup_steps
-        self.tiny = tiny
-        self.patience = patience
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.tag)
         self._count = 0
         self._first = 0.0
         self._first_step = 0
@@ -116,21 +104,18 @@ class LrWarmup:
         return Finding(self._first_step, first, message)
 
 
-class LrDecay:
+class LrDecay(CardRule, kind="lr_decay"):
     """By step ``expect_by`` the lr is still within ``min_drop`` of its peak: the decay the
     user declared never started. Judged once, at the first collected step >= expect_by;
     ``since_step`` is the step the lr last changed (the start of its flat stretch)."""
 
-    __slots__ = ("_changed", "_done", "_last", "_peak", "active", "expect_by", "min_drop", "name")
-
-    def __init__(self, *, tag: str, expect_by: int | None, min_drop: float) -> None:
-        self.name = short(tag)
-        self.expect_by = expect_by
-        self.min_drop = min_drop
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.tag)
         self._peak = -1.0
         self._last: float | None = None
         self._changed = 0
-        self._done = expect_by is None
+        self._done = self.expect_by is None
         self.active = False
 
     def update(self, step: int, value: float) -> Finding | None:

@@ -21,9 +21,11 @@ weights far enough to show in the loss.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import LOG2, EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import LOG2, CardRule, EpisodeRule, Finding, short
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import RollingWindow
 
@@ -44,7 +46,7 @@ def is_moment2_tag(tag: str) -> bool:
     return tag.endswith(MOMENT2_SUFFIX) and tag.startswith(MOMENT_PREFIX)
 
 
-class AdamVStale(EpisodeRule):
+class AdamVStale(CardRule, EpisodeRule, kind="adam_v_stale"):
     """rho = grad_norm^2 / ||v|| at least ``factor`` x its running median (and ``z``
     robust sigmas above it, in log10) for ``patience`` collected steps in a row.
 
@@ -67,35 +69,12 @@ class AdamVStale(EpisodeRule):
     Adam runs never blew up after such a swing.
     """
 
-    __slots__ = (
-        "_over",
-        "_since",
-        "convergence",
-        "log_factor",
-        "min_history",
-        "name",
-        "patience",
-        "win",
-        "z",
-    )
-
-    def __init__(
-        self,
-        *,
-        grad_tag: str,
-        factor: float,
-        z: float,
-        patience: int,
-        window: int,
-        min_history: int,
-    ) -> None:
-        super().__init__()
-        self.name = short(grad_tag)
-        self.log_factor = math.log10(factor)
-        self.z = z
-        self.patience = patience
-        self.min_history = min(min_history, window)
-        self.win = RollingWindow(window)
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.grad_tag)
+        self.log_factor = math.log10(self.factor)
+        self.min_history = min(self.min_history, self.window)
+        self.win = RollingWindow(self.window)
         self._over = 0
         self._since: int | None = None
         # set by the engine: once the run has converged, tiny gradients make rho noisy

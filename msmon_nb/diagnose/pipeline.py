@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Mapping
+from typing import Any
 
-from msmon_nb.diagnose.base import Finding, Streak
+from msmon_nb.diagnose.base import CardRule, Finding, Streak
 
 
-class DataBound:
+class DataBound(CardRule, kind="data_bound"):
     """Steps spend ``share`` or more of their time waiting for data, over ``window`` steps,
     and that wait is real: its median is at least ``min_wait`` seconds a step.
 
@@ -24,13 +26,11 @@ class DataBound:
     no input pipeline fix would win that time back.
     """
 
-    __slots__ = ("_recent", "_streak", "min_wait", "share", "window")
-
-    def __init__(self, *, share: float, window: int, min_wait: float = 0.0) -> None:
-        self.share = share
-        self.window = window
-        self.min_wait = min_wait
-        self._recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=window)
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self._recent: collections.deque[tuple[int, float, float]] = collections.deque(
+            maxlen=self.window
+        )
         self._streak = Streak(patience=1)
 
     @property

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from msmon_nb.config import DATA_TAG
+from msmon_nb.config.cards import CARDS, SEVERITY
 from msmon_nb.diagnose.alert import Alert
 
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -57,16 +59,6 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "rank_spike": {"global_factor": 2.0, "local_factor": 4.0, "window": 20, "min_history": 5},
     "rank_stopped": {"lag": 5, "stale_secs": 10.0},
 }
-SEVERITY = {
-    "grad_norm_mismatch": "critical",
-    "loss_spread": "warning",
-    "straggler": "warning",
-    "rank_grad_spike": "warning",
-    "rank_loss_spike": "warning",
-    "rank_stopped": "critical",
-}
-# kinds that may recur for one rank at different steps: recorded once per onset
-PER_ONSET = ("rank_grad_spike", "rank_loss_spike")
 WAIT_TAG = "train/comm_wait"
 BUSY_TAG = "train/comm_busy"
 
@@ -352,7 +344,9 @@ def alert_key(alert: Any) -> tuple[Any, ...]:
     """What makes two cross-rank alerts the same problem: (kind, rank), plus the onset
     for kinds that recur (a rank can send several outlier batches)."""
     kind, rank = alert.get("kind"), alert.get("rank")
-    return (kind, rank, alert.get("since_step")) if kind in PER_ONSET else (kind, rank)
+    found = CARDS.get(kind)
+    per_onset = found is not None and found.per_onset  # may recur for one rank
+    return (kind, rank, alert.get("since_step")) if per_onset else (kind, rank)
 
 
 def rank_stopped(
@@ -425,7 +419,7 @@ def rank_alerts(run: Any, settings: Mapping[str, Mapping[str, float]] | None = N
     if waits and busy:  # who the others wait for; else the rank's own time
         alerts += straggler_by_wait(busy, waits, **conf["straggler_wait"])
     else:
-        own_tag = "train/data_time" if per_rank("train/data_time") else "train/step_time"
+        own_tag = DATA_TAG if per_rank(DATA_TAG) else "train/step_time"
         alerts += straggler(per_rank(own_tag), tag=own_tag, **conf["straggler"])
     local_norm = per_rank("train/local_grad_norm")
     if local_norm:

@@ -1,4 +1,4 @@
-"""The rule registry (kind -> rule class, severity) and ``detect``, the pure-function
+"""The rule registry (kind -> rule class, from the cards) and ``detect``, the pure-function
 form of every rule: a whole series in, the alerts it raises out.
 
 ``detect`` runs the same incremental rule objects the live engine uses, so what a test,
@@ -11,78 +11,47 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from msmon_nb.config.alerts import KINDS, resolve_settings
+from msmon_nb.config.alerts import resolve_settings
+from msmon_nb.config.cards import CARDS, KINDS
+from msmon_nb.diagnose import grad, loss, lr, optim, pipeline, trend
+from msmon_nb.diagnose import steps as stream
 from msmon_nb.diagnose.alert import Alert
-from msmon_nb.diagnose.grad import GradExplosion, GradVanishing
-from msmon_nb.diagnose.loss import LossDivergence, LossPlateau, LossSpike
-from msmon_nb.diagnose.lr import LrDecay, LrWarmup, LrZero
-from msmon_nb.diagnose.steps import NonFinite, StepOrder
-from msmon_nb.diagnose.trend import LrRise, RisingTrend
+from msmon_nb.diagnose.base import RULES
 from msmon_nb.diagnose.window import Levels
 
-# Rules fed one tag's finite values, in the order the engine evaluates them.
+# the modules whose rule classes register themselves with their cards (``RULES``); a
+# rule in a new module is found once the module is named here
+RULE_MODULES = (grad, loss, lr, optim, pipeline, stream, trend)
+
+# Rules fed one tag's finite values (the cards' feed "series"), in the order the engine
+# evaluates them: the cards' order.
 SERIES_RULES: dict[str, type] = {
-    "grad_explosion": GradExplosion,
-    "grad_vanishing": GradVanishing,
-    "loss_spike": LossSpike,
-    "loss_divergence": LossDivergence,
-    "loss_plateau": LossPlateau,
-    "lr_zero": LrZero,
-    "lr_warmup": LrWarmup,
-    "lr_decay": LrDecay,
-    "lr_rise": LrRise,
-    "rising_trend": RisingTrend,
+    kind: RULES[kind] for kind, card in CARDS.items() if card.feed == "series"
 }
-
-SEVERITY: dict[str, str] = {
-    "nonfinite": "critical",
-    "grad_explosion": "critical",
-    "loss_divergence": "critical",
-    "grad_vanishing": "warning",
-    "loss_spike": "warning",
-    "loss_plateau": "warning",
-    "lr_zero": "warning",
-    "lr_warmup": "warning",
-    "lr_decay": "warning",
-    "lr_rise": "warning",
-    "rising_trend": "warning",
-    "metric_missing": "warning",
-    "data_bound": "warning",
-    "adam_v_stale": "warning",
-    "step_order": "warning",
-}
-
-
-# Rules that judge a value against the running level of its series, and how they read it.
-_LEVEL_KINDS = {
-    "grad_explosion": {"log": True},
-    "grad_vanishing": {"log": True},
-    "loss_spike": {"upper": True},
-    "loss_divergence": {"upper": True},
-}
-
-
-# settings that say what the monitor does about a finding, not how to find it
-_NOT_RULE_PARAMS = ("action", "skip_above", "skip_relative")
+# kind -> "warning" | "critical" of the configurable kinds (``config.cards.SEVERITY``
+# has the cross-rank kinds too)
+SEVERITY: dict[str, str] = {kind: CARDS[kind].severity for kind in KINDS}
+__all__ = ["RULES", "SERIES_RULES", "SEVERITY", "detect", "make_rule"]
 
 
 def make_rule(kind: str, params: dict[str, Any], shared: dict | None = None) -> Any:
-    """A fresh rule object for ``kind`` from its resolved settings (``action`` and the
-    skip settings ignored).
+    """A fresh rule object for a series kind from its resolved settings.
 
-    Rules of one tag that keep the same kind of window share it through ``shared``
-    (a dict the caller keeps for the rules of one engine), so it is fed once per step.
+    Rules of one tag whose cards read the same kind of running level share it through
+    ``shared`` (a dict the caller keeps for the rules of one engine), so it is fed once
+    per step.
     """
     cls = SERIES_RULES[kind]
-    kwargs = {k: v for k, v in params.items() if k not in _NOT_RULE_PARAMS}
-    how = _LEVEL_KINDS.get(kind)
-    if how is not None and shared is not None:
+    how = cls.card.level
+    if how is None:
+        return cls(params)
+    levels = None
+    if shared is not None:
         key = (params["tag"], params["window"], tuple(sorted(how)))
         levels = shared.get(key)
         if levels is None:
             levels = shared[key] = Levels(params["window"], **how)
-        kwargs["levels"] = levels
-    return cls(**kwargs)
+    return cls(params, levels)
 
 
 def detect(
@@ -106,26 +75,27 @@ def detect(
     if kind not in KINDS:
         raise ValueError(f"unknown alert kind {kind!r}; kinds: {', '.join(KINDS)}")
     settings = resolve_settings({kind: params})[kind]
-    severity = SEVERITY[kind]
+    card = CARDS[kind]
+    severity = card.severity
     step_list = [int(s) for s in (steps.tolist() if hasattr(steps, "tolist") else steps)]
     out: list[Alert] = []
-    if kind == "step_order":
+    if card.feed == "steps":
         name = tag or ""
-        order = StepOrder()
+        order = RULES[kind](settings)
         for step in step_list:
             for _tag, f in order.update(step, (name,)):
                 out.append(Alert(step, kind, severity, f.message, f.since_step, name, None, rank))
         return out
-    if kind in ("metric_missing", "data_bound", "adam_v_stale"):
+    if card.feed == "several":
         raise ValueError(f"{kind} spans several series; feed a Diagnoser instead")
     if values is None:
         raise ValueError(f"{kind} needs values")
     value_list = [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
     if len(value_list) != len(step_list):
         raise ValueError(f"{len(step_list)} steps but {len(value_list)} values")
-    if kind == "nonfinite":
+    if card.feed == "values":
         name = tag or settings["tags"][0]
-        rule: Any = NonFinite(tag=name, patience=settings["patience"])
+        rule: Any = RULES[kind](settings, name)
         finite_only = False
     else:
         if tag is not None:

@@ -4,9 +4,10 @@ go backwards, and a tracked metric that never shows up."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from msmon_nb.diagnose.alert import fmt
-from msmon_nb.diagnose.base import QUIET, Finding, Streak, short
+from msmon_nb.diagnose.base import QUIET, CardRule, Finding, Streak, short
 
 _NAN_HINTS = {
     "loss": (
@@ -21,7 +22,7 @@ _NAN_HINTS = {
 }
 
 
-class NonFinite:
+class NonFinite(CardRule, kind="nonfinite"):
     """The first NaN or Inf of a series (``patience`` in a row; 1 by default).
 
     Mixed-precision training with dynamic loss scaling skips an overflowing step now and
@@ -31,11 +32,11 @@ class NonFinite:
     steps in a row.
     """
 
-    __slots__ = ("_last", "_last_step", "_streak", "name")
-
-    def __init__(self, *, tag: str, patience: int) -> None:
+    def __init__(self, settings: Mapping[str, Any], tag: str) -> None:
+        """One rule per tag of the card's ``tags``: ``tag`` is the one it watches."""
+        super().__init__(settings)
         self.name = short(tag)
-        self._streak = Streak(patience)
+        self._streak = Streak(self.patience)
         self._last: float | None = None
         self._last_step = 0
 
@@ -68,7 +69,7 @@ class NonFinite:
         return Finding(streak.since, value, message)
 
 
-class StepOrder:
+class StepOrder(CardRule, kind="step_order"):
     """Within one series the step must increase; a step <= the previous one means two
     runs write into one place or a restart re-used step numbers.
 
@@ -78,9 +79,8 @@ class StepOrder:
     offending step (exact).
     """
 
-    __slots__ = ("_state",)
-
-    def __init__(self) -> None:
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
         # tag -> [last step, max step, active, quiet streak, max step at the alert]
         self._state: dict[str, list] = {}
 
@@ -133,7 +133,7 @@ def _seen(tag: str, values: Mapping[str, float]) -> bool:
     return tag in values or any(alt in values for alt in _STANDS_IN.get(tag, ()))
 
 
-class MetricMissing:
+class MetricMissing(CardRule, kind="metric_missing"):
     """A tag listed in ``track_metrics`` that has not appeared after ``patience``
     collected steps: its chart would show a flat line that looks like data.
 
@@ -142,12 +142,11 @@ class MetricMissing:
     first collected step (the metric has been missing from the start).
     """
 
-    __slots__ = ("_collected", "_first", "_last_step", "patience", "pending", "reported")
-
-    def __init__(self, *, tags: Iterable[str], patience: int) -> None:
+    def __init__(self, settings: Mapping[str, Any], tags: Iterable[str]) -> None:
+        """``tags``: the tracked tags (``track_metrics`` entries with a group)."""
+        super().__init__(settings)
         self.pending = list(dict.fromkeys(tags))
         self.reported: list[str] = []
-        self.patience = patience
         self._collected = 0
         self._first: int | None = None
         self._last_step: int | None = None

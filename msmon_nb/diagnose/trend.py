@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import CardRule, EpisodeRule, Finding, short
 from msmon_nb.diagnose.converge import Convergence
 
 # How far from the best hinge fit (in residual variances) a later kink may be and still
@@ -206,7 +208,7 @@ def ols_t(values: list[float]) -> float:
     return slope / math.sqrt(sse / (n - 2) / sxx)
 
 
-class LrRise(EpisodeRule):
+class LrRise(CardRule, EpisodeRule, kind="lr_rise"):
     """The lr keeps rising after its warmup, and nothing declared it.
 
     Warmup is the rise the lr starts with: it lasts until the lr first goes down or
@@ -221,30 +223,9 @@ class LrRise(EpisodeRule):
     between) is taken for the warmup.
     """
 
-    __slots__ = (
-        "_flat",
-        "_peak",
-        "_prev",
-        "_ref",
-        "_rises",
-        "_since",
-        "_warm",
-        "factor",
-        "name",
-        "patience",
-        "settle",
-        "until",
-    )
-
-    def __init__(
-        self, *, tag: str, factor: float, patience: int, settle: int, until: int | None
-    ) -> None:
-        super().__init__()
-        self.name = short(tag)
-        self.factor = factor
-        self.patience = patience
-        self.settle = settle
-        self.until = until
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.name = short(self.tag)
         self._prev: float | None = None
         self._peak = 0.0
         self._ref = 0.0
@@ -328,7 +309,7 @@ _LOSS_FALLING_T = -2.0
 _LEAD_SLACK = 8.0
 
 
-class RisingTrend(EpisodeRule):
+class RisingTrend(CardRule, EpisodeRule, kind="rising_trend"):
     """The early phase of a divergence, in either of two shapes.
 
     *Joint*: the loss and the gradient norm (or the update size, lr x grad_norm) rising
@@ -373,62 +354,13 @@ class RisingTrend(EpisodeRule):
     several-fold without diverging, and a real divergence soon lifts it off its floor.
     """
 
-    __slots__ = (
-        "_grad",
-        "_grad_long",
-        "_grad_seen",
-        "_grad_settled",
-        "_history",
-        "_history_grad",
-        "_history_steps",
-        "_history_upd",
-        "_lead_run",
-        "_loss",
-        "_lr",
-        "_run",
-        "_upd",
-        "companion_factor",
-        "companions",
-        "convergence",
-        "factor",
-        "lead_patience",
-        "lead_t",
-        "loss_t",
-        "min_history",
-        "name",
-        "patience",
-        "t",
-        "window",
-    )
-
-    def __init__(
-        self,
-        *,
-        tag: str,
-        grad_tag: str,
-        lr_tag: str,
-        window: int,
-        factor: float,
-        companion_factor: float,
-        t: float,
-        loss_t: float,
-        lead_t: float = 6.0,
-        lead_patience: int = 2,
-        patience: int,
-        min_history: int,
-    ) -> None:
-        super().__init__()
-        self.name = short(tag)
-        self.window = window
-        self.factor = math.log(factor)
-        self.companion_factor = math.log(companion_factor)
-        self.t = t
-        self.loss_t = loss_t
-        self.lead_t = lead_t
-        self.lead_patience = lead_patience
-        self.patience = patience
-        self.min_history = max(min_history, window)
-        self.companions = (grad_tag, lr_tag)
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        window = self.window
+        self.name = short(self.tag)
+        self.factor = math.log(self.factor)
+        self.companion_factor = math.log(self.companion_factor)
+        self.min_history = max(self.min_history, window)
         self._loss = SlidingSlope(window)
         self._grad = SlidingSlope(window)
         # grad_norm's early growth: the grad-led shape waits until the 2 x window

@@ -33,10 +33,9 @@ from msmon_nb.collect.snapshot import (
     params_and_grads,
     summarize,
 )
-from msmon_nb.config.alerts import SKIP_KINDS
+from msmon_nb.config.cards import SEVERITY, SKIP_KINDS
 from msmon_nb.diagnose import Diagnoser
 from msmon_nb.diagnose.alert import Alert, fmt
-from msmon_nb.diagnose.rules import SEVERITY
 from msmon_nb.expr import compile_expression
 
 SKIPPED_TAG = "train/skipped_steps"

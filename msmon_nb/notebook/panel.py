@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from msmon_nb.diagnose.alert import with_chart
 from msmon_nb.metrics.charts import plan_charts
 from msmon_nb.metrics.jsonsafe import jsonable
 from msmon_nb.monitor.controls import COMMANDS, command_list, interpret, state_of
@@ -58,10 +59,12 @@ def vscode_kernel(environ: Mapping[str, str] = os.environ) -> bool:
 def alert_dict(alert: Any) -> dict[str, Any]:
     """An alert (object or dict read from disk) as the plain dict the page shows."""
     data = alert.to_dict() if hasattr(alert, "to_dict") else dict(alert)
-    return {
-        key: data.get(key)
-        for key in ("kind", "severity", "message", "step", "since_step", "tag", "rank")
-    }
+    return with_chart(
+        {
+            key: data.get(key)
+            for key in ("kind", "severity", "message", "step", "since_step", "tag", "rank")
+        }
+    )
 
 
 class Panel:

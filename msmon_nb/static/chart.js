@@ -119,15 +119,12 @@ function histogramSVG(hist, width = 160, height = 36) {
   return svg;
 }
 
-// The chart an alert belongs on: its tag, else the tag its kind names.
+// The chart an alert belongs on: the `chart` the kernel (panel) or the viewer API stamps
+// on every alert, from its tag or its kind's card (msmon_nb/config/cards.py), so no list
+// of kinds lives here; null: every chart of the run.
 function alertTag(a) {
-  if (a.tag) return a.tag;
-  const k = String(a.kind || "");
-  if (k.startsWith("grad")) return "train/grad_norm";
-  if (k.startsWith("lr")) return "train/learning_rate";
-  if (k.startsWith("data")) return "train/data_time";
-  if (k.startsWith("rank") || k === "straggler") return null; // every chart of the run
-  return "train/loss";
+  if (a.chart !== undefined) return a.chart;
+  return a.tag || null;
 }
 
 // One chart. `spec`: {title, tags, log}. `onZoom(range | null)`: called after a box zoom

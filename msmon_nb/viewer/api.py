@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from msmon_nb.diagnose.alert import with_chart
 from msmon_nb.metrics.charts import plan_charts
 from msmon_nb.metrics.decimate import (
     downsample,
@@ -193,7 +194,10 @@ def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> d
 def _per_run(store: RunStore, query: Mapping[str, list[str]], what: str) -> Any:
     name = _one(query, "run")
     try:
-        items = store.alerts(name) if what == "alerts" else store.snapshots(name)
+        if what == "alerts":
+            items = [with_chart(alert) for alert in store.alerts(name)]
+        else:
+            items = store.snapshots(name)
     except UnknownRun:
         raise ApiError(404, f"no run {name!r} under {store.base}") from None
     return jsonable(items)

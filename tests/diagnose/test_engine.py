@@ -185,8 +185,8 @@ def _stored(obj, seen=None) -> int:
         total += len(obj) + sum(_stored(k, seen) + _stored(v, seen) for k, v in obj.items())
     for name in getattr(type(obj), "__slots__", ()):
         total += _stored(getattr(obj, name, None), seen)
-    if hasattr(obj, "__dict__"):
-        total += _stored(vars(obj), seen)
+    if hasattr(obj, "__dict__"):  # attributes, like slots: not a container that grows
+        total += sum(_stored(value, seen) for value in vars(obj).values())
     return total
 
 

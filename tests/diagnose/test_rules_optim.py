@@ -10,7 +10,7 @@ import pytest
 
 from bench.detect_data import thaw
 from bench.detect_score import blowup_step, series
-from msmon_nb.diagnose import Diagnoser, detect, diagnose
+from msmon_nb.diagnose import Diagnoser, detect, diagnose, resolve_settings
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 
 
@@ -111,9 +111,8 @@ def test_live_engine_matches_replay(tuning):
 def test_rule_object_alone():
     """The rule object alone, on hand-made values: it judges only after min_history
     values and ignores zero and infinite inputs."""
-    rule = AdamVStale(
-        grad_tag="train/grad_norm", factor=10.0, z=5.0, patience=1, window=8, min_history=4
-    )
+    settings = resolve_settings({"adam_v_stale": {"window": 8, "min_history": 4}})
+    rule = AdamVStale(settings["adam_v_stale"])
     assert rule.update(0, 0.0, 1.0) is None and rule.update(1, math.inf, 1.0) is None
     for s in range(2, 6):
         assert rule.update(s, 1.0, 1.0) is None

@@ -222,7 +222,8 @@ def test_alerts_and_snapshots_with_nonfinite_values(tmp_path, serve):
     _, client = serve(tmp_path)
     status, alerts = client.json("/api/alerts?" + q(run="r"))
     assert status == 200
-    assert alerts == [{**alert, "value": "inf"}]
+    # plus the chart it marks, stamped from its tag (the page keeps no list of kinds)
+    assert alerts == [{**alert, "value": "inf", "chart": "train/grad_norm"}]
     status, snaps = client.json("/api/snapshots?" + q(run="r"))
     assert status == 200 and len(snaps) == 1
     (s,) = snaps

@@ -431,7 +431,7 @@ function draw(id) {
   for (const run of runs) {
     const ranked = isRanked(run);
     for (const a of state.alerts.get(run.name) || []) {
-      const tag = a.tag || alertTag(a);
+      const tag = alertTag(a);
       alerts.push({ step: a.since_step ?? a.step, severity: a.severity, tag,
         label: ranked && a.rank != null ? `rank ${a.rank}` : "" });
     }
