@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from msmon_nb.collect.budget import widening_message
 from msmon_nb.collect.snapshot import (
     DEFAULT_KEEP,
     DEFAULT_MAX_RAW,
@@ -76,6 +77,7 @@ class Actions:
         self.gate: Any = None  # collect.skip.SkipGate, made when a way in asks for it
         self.skips_in_a_row = 0
         self.skipped_total = 0
+        self.widened = False  # overhead_budget widened the interval once already
 
     # --- per collected step ----------------------------------------------------------------
 
@@ -215,6 +217,25 @@ class Actions:
         """The monitor closes: unwrap whatever still holds the skip gate."""
         if self.gate is not None:
             self.gate.release()
+
+    def widen_interval(self, step: int, wider: int) -> None:
+        """``overhead_budget`` widened the collection interval (``collect.budget``): the
+        first time, a warning and an ``overhead_budget`` alert in the run say so; later
+        widenings are logged."""
+        mon = self.monitor
+        before, mon.collect_freq = mon.collect_freq, wider
+        budget = mon.collector.budget
+        share = (budget.last_share if budget is not None else None) or 0.0
+        if self.widened:
+            log.info("msmon: collection interval widened to every %d steps", wider)
+            return
+        self.widened = True
+        limit = mon.config.overhead_budget or 0.0
+        message = widening_message(share, limit, step, before, wider)
+        mon.warn_once("overhead_budget", message)
+        alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
+        mon.alerts.append(alert)
+        mon.records.alert(alert)
 
     def _rank(self) -> int | None:
         return self.diagnoser.rank

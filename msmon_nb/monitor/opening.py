@@ -68,3 +68,11 @@ def open_run(cfg: MonitorConfig, ranks: RankInfo) -> OpenedRun:
     }
     write_marker(write_dir, marker)
     return OpenedRun(run_dir, write_dir, marker)
+
+
+def close_marker(write_dir: Path, marker: dict[str, Any], status: str, **facts: Any) -> None:
+    """Rewrite the run's marker as it ended: ``status`` (finished, stopped, interrupted),
+    the end time and ``facts`` (steps, last step, alerts, failed outputs). Raises
+    ``OSError`` when the disk refuses."""
+    marker.update(facts, status=status, end=time.time())
+    write_marker(write_dir, marker)

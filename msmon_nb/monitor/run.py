@@ -16,13 +16,11 @@ user's ``except Exception`` does not swallow it) ends a loop cleanly; ``watch()`
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from msmon_nb.collect.budget import widening_message
 from msmon_nb.collect.collector import StepCollector, expected_tags
 from msmon_nb.collect.comm import attach
 from msmon_nb.collect.guard import Guard
@@ -30,15 +28,14 @@ from msmon_nb.collect.rankinfo import detect
 from msmon_nb.collect.recorder import StepInputs, StopTraining
 from msmon_nb.collect.watch import Watch
 from msmon_nb.config import ConfigError, MonitorConfig, check_tag
-from msmon_nb.diagnose.alert import Alert
 from msmon_nb.monitor import registry
 from msmon_nb.monitor.actions import Actions
+from msmon_nb.monitor.boundary import Boundary
 from msmon_nb.monitor.controls import interpret
-from msmon_nb.monitor.opening import open_run
+from msmon_nb.monitor.opening import close_marker, open_run
 from msmon_nb.monitor.outlet import Outlet
 from msmon_nb.monitor.rankwatch import RankWatcher
 from msmon_nb.monitor.records import RunRecords
-from msmon_nb.rundir import write_marker
 from msmon_nb.rundir.control import ControlError, ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
@@ -72,18 +69,13 @@ class Monitor:
         self.write_dir: Path | None = None  # where this process writes: run_dir or rank_<k>/
         self.run_name: str | None = None
         self.ranks = detect()
-        self.paused = False
         self.enabled = cfg.enable_monitor
         self._guard = Guard()  # one warning per fault, training goes on
         self.collector = StepCollector(cfg, self._guard)
         self.outlet = Outlet(self._guard)
         self.series = self.outlet.series  # the live series (the panel draws it)
         self.records = RunRecords(None, self.guard)  # alerts/snapshots.jsonl (none yet)
-        self._stop_requested = False
-        self._stop_reason: str | None = None
-        self._stopped = False
-        self._control: ControlReader | None = None  # msmon ctl commands (rundir.control)
-        self._boundary_hooks: list[Callable[[Monitor], None]] = []
+        self.boundary_state = Boundary(self._guard)  # the one paused/stopping state
         self._marker: dict[str, Any] = {}
         self._attach_reported = False
         self._actions: Actions | None = None
@@ -106,6 +98,7 @@ class Monitor:
         registry.opened(self)
         self._actions = Actions(self)
         self.outlet.observe = self._actions.observe
+        self.outlet.can_hold = self._actions.can_wait
 
     def __repr__(self) -> str:
         run_dir = str(self.run_dir)
@@ -124,7 +117,7 @@ class Monitor:
             self.config.sink_types, self.write_dir, rank=rank, config=self.config
         )
         self.records = RunRecords(self.write_dir, self.guard)
-        self._control = ControlReader(self.run_dir, rank)
+        self.boundary_state.control = ControlReader(self.run_dir, rank)
         if self.ranks.distributed and rank == 0:
             self._rankwatch = RankWatcher(self).start()
         if self.ranks.distributed:  # all-reduce wait and local grad norm, whatever the loop
@@ -135,7 +128,7 @@ class Monitor:
         if self.status not in ("running", "created"):
             return
         if status is None:
-            status = "stopped" if self._stopped else "finished"
+            status = "stopped" if self.boundary_state.stopped else "finished"
         self.status = status
         registry.closed(self)
         for ref in self._callbacks:  # a Model.train that raised never ran on_train_end
@@ -149,22 +142,16 @@ class Monitor:
         self._emit_late()  # the last collected step's device grad_norm
         self.outlet.release()
         self.outlet.sinks.close()
+        failed = self.outlet.sinks.failed
         if self._rankwatch is not None:  # after our own records reached the disk
             self._rankwatch.close()
         if self.run_dir is None:
             return
-        self._marker.update(
-            status=status,
-            end=time.time(),
-            steps=self.step_count,
-            last_step=self.last_step,
-            alerts=len(self.alerts),
-            failed_outputs=self.outlet.sinks.failed,
-        )
+        facts = dict(steps=self.step_count, last_step=self.last_step, alerts=len(self.alerts))
         try:
-            write_marker(self.write_dir, self._marker)
+            close_marker(self.write_dir, self._marker, status, failed_outputs=failed, **facts)
         except OSError as exc:
-            if self.outlet.sinks.failed:  # the same disk fault was already reported once
+            if failed:  # the same disk fault was already reported once
                 log.debug("msmon: cannot update the marker of %s: %s", self.run_dir, exc)
             else:
                 self.warn_once("marker", f"cannot update {self.run_dir}/msmon_run.json: {exc}")
@@ -174,7 +161,7 @@ class Monitor:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and issubclass(exc_type, StopTraining):
-            self._stopped = True
+            self.boundary_state.stopped = True
             self.close("stopped")
             return True
         self.close("interrupted" if exc_type is not None else None)
@@ -269,13 +256,18 @@ class Monitor:
         """True when ``step`` is a collected step under the current frequency."""
         return self.enabled and step % self.collect_freq == 0
 
+    @property
+    def paused(self) -> bool:
+        """True while the loop is held at a step boundary (``pause()``)."""
+        return self.boundary_state.paused
+
     def pause(self) -> None:
         """Hold the loop at the next step boundary until ``resume()`` or ``stop()``."""
-        self.paused = True
+        self.boundary_state.paused = True
 
     def resume(self) -> None:
         """Let a paused loop go on."""
-        self.paused = False
+        self.boundary_state.paused = False
 
     def stop(self, reason: str | None = None) -> None:
         """End the loop cleanly at the next step boundary; the run is marked stopped.
@@ -283,25 +275,23 @@ class Monitor:
         ``reason`` (e.g. "10 updates skipped in a row (limit 10): ...") is printed, kept
         in the run's marker as ``stop_reason`` and carried by the ``StopTraining``.
         """
-        self._stop_requested = True
-        if reason is not None and self._stop_reason is None:
-            self._stop_reason = reason
+        if self.boundary_state.ask_stop(reason):
             self._marker["stop_reason"] = reason
             print(f"msmon: stopping: {reason}", flush=True)
 
     @property
     def stop_requested(self) -> bool:
         """True when a stop waits for the next step boundary."""
-        return self._stop_requested
+        return self.boundary_state.stop_requested
 
     def add_boundary_hook(self, hook: Callable[[Monitor], None]) -> None:
         """Call ``hook(monitor)`` at every step boundary (the panel processes UI events here)."""
-        self._boundary_hooks.append(hook)
+        self.boundary_state.hooks.append(hook)
 
     def remove_boundary_hook(self, hook: Callable[[Monitor], None]) -> None:
         """Undo ``add_boundary_hook``."""
-        if hook in self._boundary_hooks:
-            self._boundary_hooks.remove(hook)
+        if hook in self.boundary_state.hooks:
+            self.boundary_state.hooks.remove(hook)
 
     # --- the Recorder interface (collect/recorder.py): what the ways in call -----------
 
@@ -320,8 +310,8 @@ class Monitor:
             return
         self.emit(step, values)
         wider = self.collector.widened(self.collect_freq)
-        if wider is not None:
-            self._widen(step, wider)
+        if wider is not None and actions is not None:
+            actions.widen_interval(step, wider)
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
         """Where the step's time went: waiting for the next batch, or computing."""
@@ -376,17 +366,10 @@ class Monitor:
         self.outlet.emit(step, values)
 
     def hold_emits(self, on: bool) -> None:
-        """Let ``emit`` hold the scalars of collected steps that come less than 20 ms
-        apart and pass them on together once the oldest has waited 50 ms, or at a pause,
-        a stop, ``flush`` or ``close`` (``monitor.outlet`` says why: 517 -> 371 us of
-        callback time a step on the bench MLP, ``bench/overhead.py --not-held``). For a
-        way in where no user code reads the monitor between steps (the ``Model.train``
-        callback). Not while an alert would act on the step it fires at (``snapshot``,
-        ``stop``, ``debug``, ``skip``, ``break_on``, a flight recorder): then every step
-        is judged as it ends. Off: what is held goes on now."""
-        batch = self.outlet.batch
-        batch.on = on and (self._actions is None or self._actions.can_wait())
-        self.outlet.release(when=not batch.on)
+        """Let ``emit`` hold fast collected steps' scalars and pass them on in batches
+        (``monitor.outlet``: for a way in where no user code reads the monitor between
+        steps, the ``Model.train`` callback); off: what is held goes on now."""
+        self.outlet.hold(on)
 
     def flush(self) -> None:
         """Push everything recorded so far to disk."""
@@ -400,58 +383,28 @@ class Monitor:
         if late is not None:
             self.emit(*late)
 
-    def _widen(self, step: int, wider: int) -> None:
-        """``overhead_budget`` widened the interval: the first time, a warning and an
-        ``overhead_budget`` alert in the run say so; later widenings are logged."""
-        before, self.collect_freq = self.collect_freq, wider
-        if "overhead_budget" in self._guard.warned:
-            log.info("msmon: collection interval widened to every %d steps", wider)
-            return
-        budget = self.collector.budget
-        share = (budget.last_share if budget is not None else None) or 0.0
-        limit = self.config.overhead_budget or 0.0
-        message = widening_message(share, limit, step, before, wider)
-        self.warn_once("overhead_budget", message)
-        alert = Alert(step, "overhead_budget", "warning", message, step, "", share)
-        self.alerts.append(alert)
-        self.records.alert(alert)
-
     # --- step boundaries ------------------------------------------------------------------
 
     def boundary(self, raise_stop: bool) -> bool:
-        """Run the step-boundary controls; returns True when the loop must stop."""
+        """Run the step-boundary controls (``monitor.boundary``); True when the loop must
+        stop (with ``raise_stop``, ``StopTraining`` is raised instead)."""
         if self._actions is not None and self._actions.pending_debug is not None:
             self._actions.at_boundary()  # a debugger session is the user's: not guarded
-        self._poll()
-        self.outlet.release(self.paused or self._stop_requested or self.outlet.batch.due())
-        while self.paused and not self._stop_requested:
-            time.sleep(0.05)
-            self._poll()
-        if self._stop_requested:
-            self._stop_requested = False
-            self._stopped = True
-            if raise_stop:
-                why = f": {self._stop_reason}" if self._stop_reason else ""
-                raise StopTraining(f"msmon: stopped at step {self.last_step}{why}")
-            return True
-        return False
+        state = self.boundary_state
+        state.poll(self, self._obey)
+        self.outlet.release(self.paused or self.stop_requested or self.outlet.batch.due())
+        state.hold(self, self._obey)
+        stopped = state.take_stop(self.last_step)
+        if stopped is not None and raise_stop:
+            raise StopTraining(stopped)
+        return stopped is not None
 
-    def _poll(self) -> None:
-        """What may act at a boundary: ``msmon ctl`` commands (every 0.1 us is all a
-        poll costs between reads) and the boundary hooks (the panel's UI events)."""
-        control = self._control
-        if control is not None and control.due(time.monotonic()):
-            self.guard("reading msmon ctl commands", self._obey)
-        for hook in list(self._boundary_hooks):
-            self.guard(f"boundary hook {getattr(hook, '__name__', hook)}", hook, self)
-
-    def _obey(self) -> None:
+    def _obey(self, control: ControlReader) -> None:
         """Apply the commands ``msmon ctl`` or the viewer appended to the run's control
         file (``rundir.control``), each acknowledged in the run dir."""
-        assert self._control is not None
-        for command in self._control.read():
+        for command in control.read():
             result = interpret(self, command.cmd, command.arg, source=command.source)
-            self._control.ack(command, self.last_step, result.ok, result.message)
+            control.ack(command, self.last_step, result.ok, result.message)
 
     def command(self, cmd: str, arg: Any = None, source: str = "") -> str:
         """Act on one control command (``rundir.control.SPECS``: pause, resume, stop,

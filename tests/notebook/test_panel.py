@@ -104,7 +104,7 @@ def test_page_messages_drive_the_monitor(tmp_path):
         panel._on_page({"type": "stop"})
         assert mon.stop_requested
         mon.resume()
-        mon._stop_requested = False
+        assert mon.boundary(raise_stop=False)  # the stop takes effect; none is pending
         panel._on_page({"type": "hello"})
         assert panel.acked and rec.messages[-1][0]["type"] == "reset"
         assert rec.messages[-1][0]["charts"][0]["keys"] == ["train/loss"]
