@@ -366,7 +366,7 @@ class Panel:
     def keep_state(self) -> None:
         """Store the whole panel in the widget's synced state, so a view that renders
         later (a reopened notebook, a second view, a kernel busy in another cell, a page
-        whose hello VS Code holds) draws it at once, without asking the kernel. ``seq``
+        whose hello waits for a step boundary) draws it at once, without asking the kernel. ``seq``
         says which updates it holds already."""
         with self._lock:
             self._plan()

@@ -413,8 +413,8 @@ class Panel {
 function render({ model, el }) {
   const panel = new Panel(model, el);
   // Until the kernel answers this view's hello with a reset, the view follows the synced
-  // state (VS Code holds the hello while a cell runs; the kernel then keeps the state
-  // current): each state is a whole reset, and an update it already holds (seq at most
+  // state (in VS Code the hello waits for a step boundary, or the cell's end on ipykernel
+  // < 7; the kernel then keeps the state current): each state is a whole reset, and an update it already holds (seq at most
   // the state's) is skipped, whichever of the two arrives first.
   let stateSeq = null;
   // one bad message is logged and the panel goes on with the next
