@@ -15,12 +15,16 @@ and the fallback when the front end did not load our widget code: its first rend
 "hello" over the comm; without that within ``ack_timeout`` seconds of display the panel
 says so once and draws PNGs in the kernel instead, at most ``budget`` of wall time.
 
-VS Code holds page -> kernel messages while a cell runs, so there the hello cannot
-arrive: in a kernel VS Code started (``vscode_kernel``) there is no fallback, and until
-a hello arrives the panel also keeps its whole view in the widget's synced state
-(``keep_state``, every ``STATE_SECS``): kernel -> page updates of state do flow, and a
-view drawn at any time starts from them (``panel.js`` skips the updates the state
-already holds by their ``seq``). The clock is injectable so tests are deterministic.
+In VS Code a busy kernel reads the hello at the next step boundary (VS Code posts page
+messages to the shell channel whatever the kernel's state; ``kernel_events`` reads them),
+and only after the cell on ipykernel < 7: in a kernel VS Code started (``vscode_kernel``)
+there is no fallback, and until a hello arrives the panel also keeps its whole view in
+the widget's synced state (``keep_state``, every ``STATE_SECS``): kernel -> page updates
+of state do flow, and a view drawn at any time starts from them (``panel.js`` skips the
+updates the state already holds by their ``seq``). A remote Jupyter server's kernel does
+not have VS Code's variable: there the hello, read at the first step boundary before the
+fallback's deadline is checked, keeps the live panel. The clock is injectable so tests
+are deterministic.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class Panel:
         self.budget = budget
         self.pump_secs = pump_secs
         self.ack_timeout = ack_timeout
-        # the front end holds the page's hello while the cell runs (VS Code): no fallback
+        # the page's hello may wait for a step boundary, or the cell's end (VS Code): no fallback
         self.hello_held = vscode_kernel() if hello_held is None else hello_held
         self.clock = clock
         self.live = live
@@ -365,7 +369,7 @@ class Panel:
     def keep_state(self) -> None:
         """Store the whole panel in the widget's synced state, so a view that renders
         later (a reopened notebook, a second view, a kernel busy in another cell, a page
-        whose hello VS Code holds) draws it at once, without asking the kernel. ``seq``
+        whose hello waits for a step boundary) draws it at once, without asking the kernel. ``seq``
         says which updates it holds already."""
         with self._lock:
             self._plan()

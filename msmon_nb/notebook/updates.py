@@ -28,7 +28,7 @@ RESET_POINTS = 2000  # points per key in a reset (the page keeps up to 4000)
 # as a JSON array of byte values (spread from an ArrayBuffer, or ``Array.apply`` over a
 # view, which throws past ~120 KB in V8), ~1-3 ms per 32 KB (bench/relay.py): one series'
 # reset (2000 points) fits. The panel's synced state is one message too (sent every 2 s
-# while VS Code holds the page's hello, see panel.py), so it gets the same bound.
+# until the kernel read the page's hello, see panel.py), so it gets the same bound.
 MAX_MESSAGE_BYTES = 32 * 1024
 MAX_STATE_BYTES = 32 * 1024
 

@@ -7,8 +7,8 @@ viewer from ``/api/info``). It lives here, in the standard-library room, because
 ``msmon`` command and the viewer may not import the monitor. Adding a command: one
 ``CommandSpec`` in ``SPECS`` and one handler in ``monitor.controls.HANDLERS``.
 
-Widget clicks reach the kernel as comm messages, which VS Code's notebooks do not deliver
-while a cell is busy, and a ``python train.py`` run has no page at all. So the monitor
+Widget clicks reach the kernel as comm messages, which a front end may not deliver to a
+busy kernel, and a ``python train.py`` run has no page at all. So the monitor
 also reads a control file in its run dir at step boundaries. Writers: ``msmon ctl`` and
 the viewer's buttons; the panel shows the ``msmon ctl`` line when a click goes
 unanswered.

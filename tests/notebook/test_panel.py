@@ -174,7 +174,7 @@ def page_view(events, created_at):
 
 
 def test_where_the_hello_is_held_the_state_follows_the_run_and_nothing_falls_back(tmp_path, capsys):
-    """VS Code holds the page's hello while the cell runs: the panel keeps its synced state
+    """A page's hello that waits (VS Code: for a step boundary): the panel keeps its synced state
     current instead of falling back to pictures, and a view created at any moment has
     every step exactly once by the next state (at most STATE_SECS later)."""
     clock = FakeClock()

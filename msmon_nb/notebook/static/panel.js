@@ -20,14 +20,20 @@
 //   synced trait `commands` ([{name, label, help, arg: {name, kind, min} | null, when}],
 //   the kernel's command table): this file knows no command by name. The kernel answers
 //   each control with {type: "ack", id, ok, message, status} at its next step boundary
-//   (the status line then shows the monitor's state: paused, stopping...); without an
-//   answer within ACK_MS (VS Code does not deliver widget messages to a busy kernel) the
-//   panel shows the `msmon ctl` line that does the same from a terminal, and the viewer.
+//   (the status line then shows the monitor's state: paused, stopping...). A click waits
+//   for the step in progress to end, however long that step is (a first graph compile can
+//   take a minute), so the panel waits as long as the step is taking: a click unanswered
+//   for longer than ACK_FLOOR_MS plus the larger of the time since the kernel's last
+//   message (the step in progress) and the recent step time (1/rate) shows the
+//   `msmon ctl` line that does the same from a terminal, and the viewer. That happens
+//   when a front end does not pass the message to the busy kernel.
 //
 // Test contract: every chart element carries data-msmon-tag and data-last-step; the
 // status line contains "step N"; the buttons read Pause/Resume and Stop.
 
-const ACK_MS = 2000; // a control click unanswered this long shows the terminal command
+// a click unanswered this long past the step in progress shows the terminal command: the
+// kernel reads clicks every 0.1 s at step boundaries and answers at once (round trip)
+const ACK_FLOOR_MS = 1500;
 const STATE_COLOR = { running: "#2e7d32", paused: "#e65100", finished: "#555",
   following: "#1565c0" };
 
@@ -77,7 +83,9 @@ class Panel {
     this.scale = "auto";
     this.status = null;
     this.statusAt = 0;
-    this.pending = new Map(); // control id -> {timer, button} until its ack
+    this.pending = new Map(); // control id -> {at, words, button, late} until its ack
+    this.pendingTimer = null; // checks the pending clicks while there are any
+    this.lastMsgAt = performance.now(); // the kernel's last message: at a step boundary
     this.buttons = []; // [{spec, el}] of the commands without an argument
     this.inputs = []; // [{spec, el}] of the commands with one
     this.nextId = 1;
@@ -170,17 +178,47 @@ class Panel {
     return button;
   }
 
-  // A control: sent as a comm message; unanswered after ACK_MS, the panel says how to do
-  // the same where the page cannot reach a busy kernel.
+  // A control: sent as a comm message. The kernel answers when the step in progress ends;
+  // unanswered well past that (overdue), the panel says how to do the same elsewhere.
   control(spec, value, button = null) {
     const id = this.nextId++;
     this.model.send(spec.arg ? { type: spec.name, value, id } : { type: spec.name, id });
     const words = spec.arg ? `${spec.name} ${value}` : spec.name;
-    const timer = setTimeout(() => {
-      if (button) button.disabled = false; // it may be clicked again, or done elsewhere
-      this.unanswered(words);
-    }, ACK_MS);
-    this.pending.set(id, { timer, button });
+    this.pending.set(id, { at: performance.now(), words, button, late: false });
+    if (this.pendingTimer === null) {
+      this.pendingTimer = setInterval(() => this.checkPending(), 250);
+    }
+  }
+
+  // How long the step in progress is taking, as far as the page can tell: the time since
+  // the kernel's last message (it sends only at step boundaries, at least every refresh
+  // while steps end), or the recent step time from the rate, whichever is larger (ms).
+  stepMs(now) {
+    const since = now - this.lastMsgAt;
+    const s = this.status;
+    const recent = s && s.state === "running" && s.rate > 0 ? 1000 / s.rate : 0;
+    return Math.max(since, recent);
+  }
+
+  checkPending() {
+    const now = performance.now();
+    for (const p of this.pending.values()) {
+      if (p.late || now - p.at <= ACK_FLOOR_MS + this.stepMs(now)) continue;
+      p.late = true;
+      if (p.button) p.button.disabled = false; // it may be clicked again, or done elsewhere
+      this.unanswered(p.words, now - p.at);
+    }
+  }
+
+  answered(id) {
+    const pending = this.pending.get(id);
+    this.pending.delete(id);
+    if (pending && pending.button) pending.button.disabled = false;
+    if (!this.pending.size) {
+      this.hintEl.hidden = true;
+      clearInterval(this.pendingTimer);
+      this.pendingTimer = null;
+    }
   }
 
   // The monitor's state, as the kernel sent it, on the controls: which of a pair shows,
@@ -200,27 +238,26 @@ class Panel {
     }
   }
 
-  unanswered(words) {
+  // What is known when a click is overdue: the kernel acts on clicks when a step ends,
+  // steps have ended since (or this one runs far longer than the recent ones), and still
+  // no answer: this front end may not pass widget messages to a busy kernel.
+  unanswered(words, waitedMs) {
     const runDir = this.model.get("run_dir");
     if (!runDir) return;
     const cmd = `msmon ctl ${shellQuote(runDir)} ${words}`;
     this.hintEl.replaceChildren(
-      "The kernel has not answered (VS Code holds widget messages while a cell runs). " +
-        "In a terminal: ",
+      `No answer to ${words} after ${(waitedMs / 1000).toFixed(1)} s: the kernel acts on a ` +
+        "click when the step in progress ends, and the click stays queued until then. " +
+        "If this front end does not pass it on to a busy kernel, in a terminal: ",
       h("code", { class: "msmon-ctl", text: cmd }),
       " (or the same button in msmon view)");
     this.hintEl.hidden = false;
   }
 
   onMessage(msg, buffers) {
+    this.lastMsgAt = performance.now();
     if (msg.type === "ack") {
-      const pending = this.pending.get(msg.id);
-      this.pending.delete(msg.id);
-      if (pending) {
-        clearTimeout(pending.timer);
-        if (pending.button) pending.button.disabled = false;
-      }
-      if (!this.pending.size) this.hintEl.hidden = true;
+      this.answered(msg.id);
       if (msg.message != null) {
         this.resultEl.textContent = msg.message;
         this.resultEl.classList.toggle("msmon-refused", msg.ok === false);
@@ -367,7 +404,7 @@ class Panel {
 
   destroy() {
     clearInterval(this.ticker);
-    for (const { timer } of this.pending.values()) clearTimeout(timer);
+    clearInterval(this.pendingTimer);
     this.resizer.disconnect();
     for (const c of this.charts) c.destroy();
   }
@@ -376,8 +413,8 @@ class Panel {
 function render({ model, el }) {
   const panel = new Panel(model, el);
   // Until the kernel answers this view's hello with a reset, the view follows the synced
-  // state (VS Code holds the hello while a cell runs; the kernel then keeps the state
-  // current): each state is a whole reset, and an update it already holds (seq at most
+  // state (in VS Code the hello waits for a step boundary, or the cell's end on ipykernel
+  // < 7; the kernel then keeps the state current): each state is a whole reset, and an update it already holds (seq at most
   // the state's) is skipped, whichever of the two arrives first.
   let stateSeq = null;
   // one bad message is logged and the panel goes on with the next

@@ -10,8 +10,16 @@
 //   ProxyKernel), the widget manager of @vscode/jupyter-ipywidgets8 on it, widget modules
 //   from the kernel environment's share/jupyter/nbextensions through requireJS (its
 //   scriptManager), and a renderer that draws each output (a widget view by renderWidget).
-// Page -> kernel comm messages sent while the kernel is busy are dropped when the page is
-// opened with ?drop=busy, as VS Code users report (vscode-jupyter #17360).
+// Page -> kernel messages go to the kernel's shell channel as vscode-jupyter sends them:
+// at once, whatever the kernel's state (webview kernel.ts ProxyWebSocket.send posts every
+// frame while sendEnabled, which only a mirrored execute turns off; the extension host's
+// ipyWidgetMessageDispatcher.sendRawPayloadToKernelSocket -> sendPendingMessages ->
+// kernel.sendShellMessage, no busy check). The fallback is tested too: opened with
+// ?drop=busy, or with window.msmonDrop set, comm messages sent while the kernel is busy
+// are dropped (what a front end that does not deliver them would do).
+// window.msmonReopen() draws the outputs the "extension host" kept, as VS Code draws a
+// notebook reopened without a kernel: a widget output whose model the kernel does not
+// have falls back to the output's next mime type (renderer/index.ts FallbackRenderer).
 //
 // Not here: VS Code's extension host process and its real webview (an iframe with its own
 // CSP), message hooks and mirrored execute requests (output widgets need them; anywidget
@@ -24,7 +32,7 @@ const query = new URLSearchParams(location.search);
 const server = query.get("server"); // http://127.0.0.1:PORT
 const token = query.get("token");
 const kernelId = query.get("kernel");
-const dropBusyComms = query.get("drop") === "busy";
+window.msmonDrop = query.get("drop") === "busy"; // may be switched on by the test
 const clientId = crypto.randomUUID();
 
 // what the test reads
@@ -34,6 +42,8 @@ const probe = (window.msmonProbe = {
   relayKinds: [], // per frame: its msg_type ("comm_msg" for the panel's updates)
   dropped: 0, // page -> kernel comm messages dropped while busy
   sentComms: 0,
+  sentBusy: 0, // page -> kernel comm messages sent (and delivered) while the kernel was busy
+  outputs: [], // the cell outputs as the extension host keeps them: {displayId, data}
   kernel: "unknown", // execution_state from the kernel's status messages
   replies: {}, // execute msg_id -> status
   errors: [],
@@ -88,6 +98,15 @@ function relay(type, payload) {
   else early.push([type, payload]);
 }
 
+// what the notebook document holds: each display's newest data, in display order
+function keepOutput(kind, content) {
+  if (kind === "stream") return;
+  const displayId = content.transient?.display_id ?? "";
+  const kept = displayId ? probe.outputs.find((o) => o.displayId === displayId) : null;
+  if (kept) kept.data = content.data;
+  else if (kind === "display_data") probe.outputs.push({ displayId, data: content.data });
+}
+
 host.onmessage = (ev) => {
   const t0 = performance.now();
   const seq = probe.relayMs.push(0) - 1;
@@ -100,6 +119,7 @@ host.onmessage = (ev) => {
     // the outputs the extension host writes into the cell, which the renderer then draws
     if (kind === "display_data" || kind === "update_display_data" || kind === "stream") {
       relay("output", { kind, content: msg.content });
+      keepOutput(kind, msg.content);
     }
   } else {
     relay("IPyWidgets_binary_msg", { seq, data: serializeDataViews([ev.data]) });
@@ -139,20 +159,23 @@ class ProxyWebSocket {
   }
   close() {}
   send(data) {
+    const busy = probe.kernel === "busy";
     if (typeof data === "string") {
       if (data.includes('"comm_msg"')) {
         probe.sentComms += 1;
-        if (dropBusyComms && probe.kernel === "busy") {
+        if (window.msmonDrop && busy) {
           probe.dropped += 1;
           return;
         }
+        if (busy) probe.sentBusy += 1;
       }
       toHost("IPyWidgets_msg", { data });
     } else {
-      if (dropBusyComms && probe.kernel === "busy") {
+      if (window.msmonDrop && busy) {
         probe.dropped += 1;
         return;
       }
+      if (busy) probe.sentBusy += 1;
       toHost("IPyWidgets_binary_msg", { data: serializeDataViews([data]) });
     }
   }
@@ -211,8 +234,7 @@ async function renderWidget(manager, data, el) {
 
 // One output, drawn by its richest type as VS Code does (a widget view if there is one);
 // update_display_data replaces the output with that display_id.
-function drawOutput(manager, { kind, content }) {
-  const outputs = document.getElementById("outputs");
+function drawOutput(manager, { kind, content }, outputs = document.getElementById("outputs")) {
   if (kind === "stream") {
     const pre = document.createElement("pre");
     pre.className = "cell-stream";
@@ -231,8 +253,9 @@ function drawOutput(manager, { kind, content }) {
   }
   el.replaceChildren();
   const data = content.data;
-  el.dataset.mime = data[WIDGET_MIMETYPE] ? WIDGET_MIMETYPE : Object.keys(data)[0];
-  if (data[WIDGET_MIMETYPE]) {
+  el.dataset.mime = data[WIDGET_MIMETYPE] ? WIDGET_MIMETYPE
+    : data["image/png"] ? "image/png" : data["text/html"] ? "text/html" : Object.keys(data)[0];
+  if (data[WIDGET_MIMETYPE] && manager) {
     renderWidget(manager, data[WIDGET_MIMETYPE], el).catch((err) =>
       probe.errors.push(`render: ${err}`),
     );
@@ -240,6 +263,8 @@ function drawOutput(manager, { kind, content }) {
     const img = document.createElement("img");
     img.src = `data:image/png;base64,${data["image/png"]}`;
     el.appendChild(img);
+  } else if (data["text/html"]) {
+    el.innerHTML = data["text/html"]; // VS Code's html renderer: styles apply, no script here
   } else {
     const pre = document.createElement("pre");
     pre.textContent = data["text/plain"] ?? "";
@@ -272,5 +297,21 @@ async function start() {
   });
   window.msmonReady = true;
 }
+
+// A notebook reopened without a kernel: the saved outputs, drawn as VS Code draws them.
+// The widget renderer asks the extension whether the kernel holds the model
+// ("query-widget-state"); with no kernel it throws vscode.fallbackToNextRenderer and VS
+// Code renders the output's next mime type: the picture, else the text.
+window.msmonReopen = () => {
+  const reopened = document.createElement("div");
+  reopened.id = "reopened";
+  document.body.appendChild(reopened);
+  for (const { displayId, data } of probe.outputs) {
+    const { [WIDGET_MIMETYPE]: _widget, ...rest } = data;
+    drawOutput(null, { kind: "display_data",
+      content: { data: rest, transient: { display_id: displayId } } }, reopened);
+  }
+  return [...reopened.children].map((el) => el.dataset.mime);
+};
 
 start().catch((err) => probe.errors.push(`start: ${err}`));
