@@ -35,6 +35,17 @@ def run_python(code: str, *args: str, timeout: float = 300, check: bool = True, 
     return proc
 
 
+def run_msmon(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``msmon ARGS...`` of this checkout in a fresh interpreter (text output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "msmon_nb.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 @pytest.fixture
 def python():
     """The ``run_python`` helper as a fixture."""

@@ -37,6 +37,15 @@ def launch(base, rank, port, code=WORKER):
     )
 
 
+def reap(procs: list[subprocess.Popen]) -> None:
+    """Wait for the ranks to end (a minute each at most), then kill what is left."""
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def test_ranks_of_one_job_share_a_run_and_a_reused_name_moves_on_together(tmp_path):
     outs = []
     for _attempt in range(2):  # the second job reuses the same name (same parent, same port)
@@ -147,11 +156,7 @@ def test_msmon_ctl_waits_for_every_live_rank_and_names_the_silent_one(tmp_path):
         assert done.returncode == 0, done.stderr
         assert "rank 0, step" in done.stdout and "rank 1, step" in done.stdout
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        reap(procs)
 
 
 def test_msmon_ctl_stops_waiting_for_a_rank_whose_monitor_ended(tmp_path):
@@ -184,8 +189,4 @@ def test_msmon_ctl_stops_waiting_for_a_rank_whose_monitor_ended(tmp_path):
         )  # fmt: skip
         assert done.returncode == 0, done.stderr  # rank 0, the one live rank, stops
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        reap(procs)

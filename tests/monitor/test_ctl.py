@@ -4,8 +4,6 @@ with no page and no comm message (as VS Code's busy notebooks and scripts need).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,18 +12,8 @@ import pytest
 from msmon_nb.events.runs import load_run
 from msmon_nb.rundir import read_marker
 from msmon_nb.rundir.control import CONTROL, ControlError, ControlReader, check_command
-from tests.conftest import ROOT
+from tests.conftest import run_msmon as msmon
 from tests.support.training import training_script
-
-
-def msmon(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "msmon_nb.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from msmon_nb.events.runs import load_run, load_runs
+from tests.conftest import run_msmon
 from tests.support.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
@@ -384,12 +385,7 @@ def test_a_pause_from_msmon_ctl_shows_in_the_panel_and_snapshot_is_a_button(tmp_
             f"Number(document.querySelector('{CHART}')?.dataset.lastStep) > 20",
             timeout=120_000,
         )
-        done = subprocess.run(
-            [sys.executable, "-m", "msmon_nb.cli", "ctl", str(run_dir), "pause"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = run_msmon("ctl", str(run_dir), "pause")
         assert done.returncode == 0, done.stderr
         page.wait_for_function(
             "document.querySelector('.msmon-state').textContent === 'paused'", timeout=10_000

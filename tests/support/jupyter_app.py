@@ -96,17 +96,7 @@ def jupyter_page(
     if chromium is None:
         raise RuntimeError("Debian's chromium is needed: apt-get install chromium")
     port, token = free_port(), secrets.token_hex(16)
-    settings = root / ".settings"
-    news = settings / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True, exist_ok=True)
-    # no "get notified about news?" toast over the page
-    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = dict(
-        os.environ,
-        GLOG_v="3",
-        JUPYTER_CONFIG_DIR=str(root / ".cfg"),
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-    )
+    env = jupyter_env(root, root / ".cfg")
     module = "jupyterlab" if app == "lab" else "notebook"
     expose = "LabApp" if app == "lab" else "JupyterNotebookApp"
     server = subprocess.Popen(
@@ -176,4 +166,19 @@ def save(page: Any) -> None:
     page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_function(
         "!window.jupyterapp.shell.currentWidget?.context?.model?.dirty", timeout=30_000
+    )
+
+
+def jupyter_env(root: Path, config: Path) -> dict[str, str]:
+    """The environment of a test's Jupyter server: its own config dir ``config`` and
+    settings under ``root`` (no "get notified about news?" toast over the page)."""
+    settings = root / ".settings"
+    news = settings / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True, exist_ok=True)
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    return dict(
+        os.environ,
+        GLOG_v="3",
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
     )

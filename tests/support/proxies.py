@@ -26,7 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.jupyter_app import CHROMIUM_ARGS, end_process, free_port, wait_http
+from tests.support.jupyter_app import (
+    CHROMIUM_ARGS,
+    end_process,
+    free_port,
+    jupyter_env,
+    wait_http,
+)
+from tests.support.livewriter import start_writer
 
 REMOTE_HOST = "msmon-remote.test"
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,35 +44,11 @@ if not CODE_SERVER and LOCAL_CODE_SERVER.exists():  # install_code_server.sh bui
 # set by .ci/run, which installs code-server beside the tests: "ok" or why not
 INSTALL_STATUS = os.environ.get("MSMON_CODE_SERVER_STATUS")
 
-# a live run: 20 steps of train/loss every `pause` s, the last step printed after each flush
-WRITER = r"""
-import sys, time
-from msmon_nb.events.writer import EventWriter
-writer = EventWriter(sys.argv[1], flush_secs=0.1)
-step = 0
-try:
-    while True:
-        for _ in range(20):
-            values = {"train/loss": 2.0 / (1 + step / 200), "train/learning_rate": 1e-3}
-            writer.add_scalars(step, values)
-            step += 1
-        writer.flush()
-        print(step - 1, flush=True)
-        time.sleep(float(sys.argv[2]))
-finally:
-    writer.close()
-"""
-
 
 @contextlib.contextmanager
 def live_run(run_dir: Path, pause: float = 0.3) -> Iterator[subprocess.Popen]:
     """A process writing ``run_dir`` until the block ends; its first flush is done."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(run_dir), str(pause)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = start_writer(run_dir, pause, "gentle")
     try:
         proc.stdout.readline()
         yield proc
@@ -110,16 +93,7 @@ def jupyter_lab(root: Path) -> Iterator[tuple[str, str]]:
             "from msmon_nb.viewer.jupyter import setup_msmon_view\n"
             "c.ServerProxy.servers = {'msmon': setup_msmon_view()}\n"
         )
-    settings = root / ".settings"
-    news = settings / "@jupyterlab" / "apputils-extension"
-    news.mkdir(parents=True, exist_ok=True)
-    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = dict(
-        os.environ,
-        GLOG_v="3",
-        JUPYTER_CONFIG_DIR=str(config),
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-    )
+    env = jupyter_env(root, config)
     with open(root / "jupyter.log", "w") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",

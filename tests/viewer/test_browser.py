@@ -21,7 +21,7 @@ import pytest
 from msmon_nb.events.writer import EventWriter
 from msmon_nb.rundir import ALERTS, SNAPSHOTS
 from tests.conftest import ROOT
-from tests.viewer.test_live import WRITER
+from tests.support.livewriter import WRITER
 
 # screenshots for the README: written to docs/ only when asked (MSMON_UPDATE_DOCS=1), so a
 # test run leaves the work tree clean

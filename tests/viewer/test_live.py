@@ -2,8 +2,6 @@
 
 import http.client
 import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -11,25 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import ROOT
-
-# Another process writes a run step by step and says which step is on disk.
-WRITER = r"""
-import sys, time
-from msmon_nb.events.writer import EventWriter
-writer = EventWriter(sys.argv[1], flush_secs=0.1)
-step = 0
-try:
-    while True:
-        for _ in range(20):
-            writer.add_scalars(step, {"train/loss": 1.0 / (step + 1), "train/lr": 0.1})
-            step += 1
-        writer.flush()
-        print(step - 1, flush=True)
-        time.sleep(float(sys.argv[2]))
-finally:
-    writer.close()
-"""
+from tests.support.livewriter import start_writer
 
 
 @pytest.fixture
@@ -38,12 +18,7 @@ def writer_proc(tmp_path):
     procs = []
 
     def start(run_dir, pause=0.05):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(run_dir), str(pause)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
+        proc = start_writer(run_dir, pause)
         procs.append(proc)
         return proc
 

@@ -67,6 +67,7 @@ from typing import Any
 import pytest
 
 from msmon_nb.events.runs import load_run
+from tests.conftest import run_msmon
 from tests.notebook.test_live_browser import step_of
 from tests.support.jupyter_app import CHROMIUM_ARGS, end_process, free_port, wait_http
 from tests.support.kernel_code import LIVE_SETUP, LIVE_TRAIN
@@ -487,12 +488,7 @@ def test_a_click_waits_for_a_slow_step_without_a_hint_and_a_dropped_one_shows_it
         assert "step in progress ends" in hint and "queued" in hint, hint
         command = page.locator(".msmon-ctl").inner_text()
         assert command == f"msmon ctl {run_dir} pause", command
-        done = subprocess.run(
-            [sys.executable, "-m", "msmon_nb.cli", "ctl", str(run_dir), "stop"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = run_msmon("ctl", str(run_dir), "stop")
         assert done.returncode == 0, done.stderr
         assert wait_reply(page, cell, 30) == "ok"
     assert load_run(run_dir).status == "stopped"
