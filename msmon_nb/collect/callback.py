@@ -38,14 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
-from msmon_nb.collect.gradsource import resolve, scaling_artifact
-from msmon_nb.collect.gradtaps import Reading, StepTaps
+from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
+from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr
 from msmon_nb.config import suggest_tag
+from msmon_nb.config.blame import blame_on
 
 if TYPE_CHECKING:
     from msmon_nb.collect.recorder import Recorder
@@ -81,6 +82,11 @@ class MonitorCallback(Callback):
         # its class: looked up once per Model.train call, not at every step)
         self._scaled = False
         self._compile_first = False  # the train cell's graph was dropped for our taps
+        # per-parameter gradient norms for diagnose.blame: the optimizer's parameter
+        # names (read once per Model.train call) and the collected step's norms
+        self._blame = blame_on(monitor.config)
+        self._names: list[str] = []
+        self._norms: tuple[list[str], Any] | None = None
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -91,6 +97,8 @@ class MonitorCallback(Callback):
         if dataset is not None and self.batch_size is None:
             self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
         self.network = network
+        if self._blame:
+            self._names = mon.guard("naming the parameters", tapped_names, self.optimizer) or []
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._install_taps(network)
@@ -149,7 +157,13 @@ class MonitorCallback(Callback):
         loss = cb.net_outputs if collect else None
         if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
             loss = None
-        wants_params = collect and self.optimizer is not None and mon.config.tracks("param_stats")
+        # the parameters (references, no copy): param_stats reads them, and blame's
+        # detail after an alert reads their weights
+        wants_params = (
+            collect
+            and self.optimizer is not None
+            and (self._blame or mon.config.tracks("param_stats"))
+        )
         inputs = StepInputs(
             loss=loss,
             grad_norm=grad_norm,
@@ -159,7 +173,9 @@ class MonitorCallback(Callback):
             global_step=self._offset + int(cb.cur_step_num),
             optimizer=self.optimizer if collect else None,
             extra=extra,
+            param_norms=self._norms if collect else None,
         )
+        self._norms = None
         mon.record_step(inputs, collect=collect)
         if mon.boundary(raise_stop=False):
             run_context.request_stop()
@@ -190,6 +206,7 @@ class MonitorCallback(Callback):
     def _grads(self) -> tuple[float | None, dict[str, float]]:
         """grad_norm and the other gradient tags of the collected step that just ended;
         the lr the optimizer used goes to ``self._lr``."""
+        self.tap.each = len(self._names) if self._blame else 0
         seen, lr = self.tap.end()
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
@@ -200,6 +217,8 @@ class MonitorCallback(Callback):
         got = resolve(seen, clip_per_micro=self.tap.pattern.per_micro_clip)
         if got.note is not None:
             self.monitor.warn_once(got.note, got.note)
+        if self._blame:
+            self._norms = param_norms(seen, got.grad_norm, self._names)
         return got.grad_norm, got.values
 
     def _install_taps(self, network: Any) -> None:
@@ -223,6 +242,7 @@ class MonitorCallback(Callback):
             compiled is not None
             and compiled is not self.tap
             and compiled.optimizer.gate is own_gate
+            and compiled.optimizer.keeps_each == self._blame
             and not compiled.installed
         ):
             # another callback's taps (another run, or a cell run again in a notebook):
@@ -233,7 +253,7 @@ class MonitorCallback(Callback):
         if self.tap is None:
             # no jit cache to drop: the train cell's own graph is dropped below, and
             # PyNative runs the wrappers as they are (other jit functions keep theirs)
-            self.tap = mon.guard("making the grad_norm taps", StepTaps, None, own_gate)
+            self.tap = mon.guard("making the grad_norm taps", StepTaps, None, own_gate, self._blame)
             if self.tap is None:
                 return
         if self._reading is None:

@@ -12,6 +12,8 @@ it on. What is gathered here, all of it read only on collected steps:
   (waiting for data, or computing) when the way in knows;
 - the optimizer's moment norms (``collect.optstate``) and the all-reduce wait
   (``collect.comm``, in a distributed job);
+- each parameter's gradient norm (``param_norms``, for ``diagnose.blame``): taken from
+  the squares the host path sums for grad_norm anyway, or as a graph tap measured them;
 - ``overhead_budget``: this thread's CPU time spent on a collected step, from which
   ``collect.budget`` decides whether the interval must widen.
 """
@@ -19,17 +21,22 @@ it on. What is gathered here, all of it read only on collected steps:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
+
+import numpy as np
 
 from msmon_nb.collect.budget import OverheadBudget
 from msmon_nb.collect.devnorm import DeferredNorm
 from msmon_nb.collect.guard import Guard
 from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
 from msmon_nb.collect.recorder import StepInputs
-from msmon_nb.collect.tensors import to_float
-from msmon_nb.collect.values import TAGS, step_values
+from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
+from msmon_nb.collect.values import TAGS, norm_on_device, param_names, step_values
 from msmon_nb.config import COMPUTE_TAG, DATA_TAG, MonitorConfig
+from msmon_nb.config.blame import resolve_blame
+from msmon_nb.metrics.norms import sum_of_squares
 
 
 def expected_tags(config: MonitorConfig) -> list[str]:
@@ -71,6 +78,10 @@ class StepCollector:
         self.last_params: list | None = None
         self.last_grads: Any = None
         self.flight: Any = None  # collect.snapshot.FlightRecorder (snapshot.on: alert)
+        # (step, names, norms) of the last collected step, for the Monitor's NormRing
+        self.param_norms: tuple[int, list[str], np.ndarray] | None = None
+        blame = resolve_blame(config.blame)
+        self._per_param = bool(blame["enabled"]) and config.tracks("grad_norm")
 
     @property
     def optimizer_reads(self) -> int:
@@ -108,6 +119,10 @@ class StepCollector:
                 loss = self._guard("reading the loss", to_float, inputs.loss)
                 inputs = dataclasses.replace(inputs, loss=loss)
             self._cpu_start = time.thread_time()
+        self.param_norms = None
+        if self._per_param:
+            got = self._guard("measuring each parameter's gradient norm", self._each, inputs, step)
+            inputs = got if got is not None else inputs
         now = time.perf_counter()
         steps = self._steps
         step_time = (now - self._t_mark) / steps if self._t_mark is not None else None
@@ -139,6 +154,34 @@ class StepCollector:
         if inputs.extra:
             values.update({tag: float(v) for tag, v in inputs.extra.items()})
         return values
+
+    @property
+    def per_param(self) -> bool:
+        """Whether collected steps measure each parameter's gradient norm (``blame``)."""
+        return self._per_param
+
+    def _each(self, inputs: StepInputs, step: int) -> StepInputs:
+        """Keep ``(step, names, norms)`` in ``param_norms``: as the way in measured them,
+        or from ``grads`` on the host, where the squares are the ones grad_norm sums (so
+        grad_norm is filled in from them, the same sum in the same order as
+        ``step_values``' own, and nothing is computed twice). On the device path
+        (``norm_on_device``) the host does not read the gradients: nothing is kept."""
+        if inputs.param_norms is not None:
+            names, norms = inputs.param_norms
+            self.param_norms = (step, list(names), np.asarray(norms, dtype=np.float64))
+            return inputs
+        if inputs.grads is None:
+            return inputs
+        leaves = flatten_tensors(inputs.grads)
+        if not leaves or norm_on_device(leaves):
+            return inputs
+        squares = [sum_of_squares(to_numpy(g)) for g in leaves]
+        scale = inputs.grad_scale
+        norms = np.sqrt(np.array(squares, dtype=np.float64)) / scale
+        self.param_norms = (step, param_names(inputs.params, len(leaves)), norms)
+        if inputs.grad_norm is None:
+            return dataclasses.replace(inputs, grad_norm=math.sqrt(sum(squares)) / scale)
+        return inputs
 
     def widened(self, interval: int) -> int | None:
         """``overhead_budget``: after a collected step's values went on, the doubled

@@ -22,6 +22,7 @@ No MindSpore here: the ways in turn tensors into numbers first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ class GradSeen:
     produced_later: bool = False  # produced gradients exist; the recorder takes their norm
     clip_input: float | None = None  # what the step's clip calls received
     received: float | None = None  # what the optimizer received, its loss_scale undone
+    received_each: Any = None  # each of its gradients' norms (numpy), as ``received``
     optimizer_ran: bool = False
     micro: list[float] = field(default_factory=list)  # each micro-batch's produced norm
     accumulating: bool = False  # the optimizer got a gradient summed over micro-batches
@@ -114,6 +116,25 @@ def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
     if seen.optimizer_ran:
         return Resolved(seen.received, values, source="received")
     return Resolved(None, values, SPARSE if seen.sparse else None)
+
+
+def param_norms(
+    seen: GradSeen, grad_norm: float | None, names: list[str]
+) -> tuple[list[str], Any] | None:
+    """``(names, norms)``: each gradient's norm as the optimizer received it, brought to
+    ``train/grad_norm``'s measure (``grad_norm``, this step's resolved value): times
+    ``grad_norm / received``. Exact where the two differ by one factor over every
+    gradient -- a clip by global norm, a loss scale -- which is how train steps clip and
+    scale; None where either norm is missing or the names do not match."""
+    each, received = seen.received_each, seen.received
+    if each is None or grad_norm is None or not received or not names:
+        return None
+    if len(names) != len(each):
+        return None
+    factor = grad_norm / received
+    if factor != 1.0 and math.isfinite(factor) and factor > 0:
+        each = each * factor
+    return names, each
 
 
 def scaling_artifact(values: dict[str, float], loss: Any) -> bool:

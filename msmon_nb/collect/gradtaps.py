@@ -48,7 +48,13 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from msmon_nb.collect.gradsource import GradSeen, StepPattern
-from msmon_nb.collect.graph import OptimizerTap, square_sum, tap_scalar, write_scalar
+from msmon_nb.collect.graph import (
+    EACH_CAPACITY,
+    OptimizerTap,
+    square_sum,
+    tap_scalar,
+    write_scalar,
+)
 from msmon_nb.collect.patches import Patches
 
 _ONE = Tensor(1, ms.int32)
@@ -299,6 +305,14 @@ def _own(owner: Any, name: str) -> Any:
     return value if callable(value) else None
 
 
+def tapped_names(optimizer: Any) -> list[str]:
+    """The names of the parameters whose gradient norms the optimizer tap keeps for
+    ``optimizer``: its parameters in the order its update receives their gradients, the
+    first ``EACH_CAPACITY``."""
+    params = list(getattr(optimizer, "parameters", ()) or ())[:EACH_CAPACITY]
+    return [str(getattr(p, "name", f"grad_{i}")) for i, p in enumerate(params)]
+
+
 class Reading:
     """What one reader of a ``StepTaps`` (a callback, a watch) keeps between reads: the
     step pattern it learnt, the counts at its last collected step's end and at the
@@ -323,10 +337,13 @@ class StepTaps:
     per wrapped call inside the graph.
     """
 
-    def __init__(self, cache: set | None, gate: Any = None) -> None:
-        self.optimizer = OptimizerTap(cache, gate)
+    def __init__(self, cache: set | None, gate: Any = None, each: bool = False) -> None:
+        self.optimizer = OptimizerTap(cache, gate, each)
         self.graph = GraphTaps(cache)
         self.reading = Reading()  # the reader whose steps the counters are read for
+        # read the optimizer's per-gradient norms too (diagnose.blame): the count of
+        # them, the optimizer's parameter count; 0 reads none
+        self.each = 0
 
     @property
     def pattern(self) -> StepPattern:
@@ -418,6 +435,8 @@ class StepTaps:
             seen.sparse = self.optimizer.read_sparse() > 0
         if seen.optimizer_ran:
             _, seen.received = self.optimizer.read()
+            if self.each:
+                seen.received_each = self.optimizer.read_each(self.each)
         lr = self.optimizer.read_lr()
         if step.clips > 0:
             seen.clip_input = self.graph.clip_norm()

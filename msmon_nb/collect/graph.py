@@ -22,10 +22,28 @@ import itertools
 from typing import Any
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from msmon_nb.collect.hooks import optimizer_bases
 from msmon_nb.config.cards import CARDS
+
+# how many per-gradient norms the optimizer tap keeps (16 KB); an optimizer with more
+# parameters keeps the first ones (diagnose.blame then judges those)
+EACH_CAPACITY = 4096
+_INDICES = Tensor(np.arange(EACH_CAPACITY, dtype=np.int32).reshape(-1, 1))
+
+
+def keep_each(param: Parameter, each: Tensor, n: int) -> Tensor:
+    """Write ``each`` (``n`` per-gradient norms) into the first ``n`` entries of
+    ``param`` (``OptimizerTap.each``; the first ``EACH_CAPACITY`` when there are more).
+    Graph syntax, ``n`` a constant where a graph compiles it. A scatter into the
+    Parameter, not a concat with zeros: where a sparse gradient makes a dead branch's
+    types undetermined, Concat of (undetermined, tensor) and Pad did not compile
+    (LazyAdam, 2.10)."""
+    if n > EACH_CAPACITY:
+        return ops.scatter_nd_update(param, _INDICES, each[:EACH_CAPACITY])
+    return ops.scatter_nd_update(param, _INDICES[:n], each)
 
 
 def global_norm(grads: Any) -> Tensor:
@@ -138,13 +156,23 @@ class OptimizerTap:
     ``read()`` copies two scalars to the host, ``read_lr()`` one or two.
     """
 
-    def __init__(self, cache: set | None, gate: Any = None) -> None:
+    def __init__(self, cache: set | None, gate: Any = None, each: bool = False) -> None:
         self.cache = cache
         self.gate = gate  # a collect.skip.SkipGate: the update runs only when it passes
+        # keep each gradient's norm too (``each``): a constant of the wrapper, so a run
+        # without blame compiles the graph it compiled before
+        self.keeps_each = each
         self.norm = tap_scalar("msmon_tap_grad_norm", 0.0, ms.float32)
         self.lr = tap_scalar("msmon_tap_lr", 0.0, ms.float32)
         self.count = tap_scalar("msmon_tap_count", 0, ms.int32)
         self.sparse = tap_scalar("msmon_tap_sparse", 0, ms.int32)  # calls with sparse grads
+        # each gradient's norm (the squares the global norm sums, kept rather than thrown
+        # away), for diagnose.blame; the first len(gradients) entries hold them
+        self.each = Parameter(
+            Tensor(np.zeros(EACH_CAPACITY, np.float32)),
+            name=f"msmon_tap_each_{next(_SERIAL)}",
+            requires_grad=False,
+        )
         # norm and lr are computed only while ``on`` is 1 (collected steps; the skip
         # gate needs the norm on every step, so a gated wrapper always computes it);
         # ``count`` moves on every call
@@ -233,6 +261,11 @@ class OptimizerTap:
         """(calls so far, the last collected call's gradient norm with the optimizer's
         own ``loss_scale`` undone)."""
         return self.read_count(), float(self.norm.item())
+
+    def read_each(self, n: int) -> np.ndarray:
+        """The last collected call's per-gradient norms, the first ``n`` (the optimizer's
+        parameter count; at most ``EACH_CAPACITY``), its ``loss_scale`` undone."""
+        return self.each.asnumpy()[: min(n, EACH_CAPACITY)].astype(np.float64)
 
     def arm_lr(self) -> None:
         """Keep the lr of the next ``get_lr()`` call (a collected step begins). A 4-byte
@@ -377,6 +410,7 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
     the update ran) instead of the original's result.
     """
     norm, count, on, mode, sparse = tap.norm, tap.count, tap.on, tap.mode, tap.sparse
+    each, keeps = tap.each, tap.keeps_each
     gated = gate is not None
     if gated:
         limit, loss_limit, loss, fresh = gate.limit, gate.loss_limit, gate.loss, gate.fresh
@@ -403,19 +437,33 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
             # 2.10), and a ``depend`` over the gradients turned a sparse one's type
             # "Undetermined" (LazyAdam's graph then failed to compile)
             if on > 0:
-                total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
+                squares = [square_sum(g) for g in gradients]
+                total = ops.sqrt(ops.addn(squares))
                 if scaled and self.need_scale:
                     total = total * self.reciprocal_scale
-                token = ops.depend(_ONE, ops.assign(norm, total))
+                stored = ops.assign(norm, total)
+                if keeps:  # a constant: without blame the graph is the one it was
+                    norms = ops.sqrt(ops.stack(squares))
+                    if scaled and self.need_scale:
+                        norms = norms * self.reciprocal_scale
+                    stored = ops.depend(stored, keep_each(each, norms, len(squares)))
+                token = ops.depend(_ONE, stored)
             else:
                 token = _ZERO
             done = getattr(self, attr)(gradients)
             return ops.depend(done, ops.depend(token, called))
         gradients = ops.depend(gradients, called)
-        total = ops.sqrt(ops.addn([square_sum(g) for g in gradients]))
+        squares = [square_sum(g) for g in gradients]
+        total = ops.sqrt(ops.addn(squares))
         if scaled and self.need_scale:
             total = total * self.reciprocal_scale
-        gradients = ops.depend(gradients, ops.assign(norm, total))
+        stored = ops.assign(norm, total)
+        if keeps:  # a constant: without blame the graph is the one it was
+            norms = ops.sqrt(ops.stack(squares))
+            if scaled and self.need_scale:
+                norms = norms * self.reciprocal_scale
+            stored = ops.depend(stored, keep_each(each, norms, len(squares)))
+        gradients = ops.depend(gradients, stored)
         has_loss = fresh > _ZERO
         finite = ops.logical_and(
             ops.isfinite(total), ops.logical_or(ops.logical_not(has_loss), ops.isfinite(loss))

@@ -24,6 +24,9 @@ class StepInputs:
     ``grad_norm`` is given), still carrying the loss scale ``grad_scale`` (their norms are
     divided by it). ``params``: the parameters ``param_stats`` reads; ``optimizer``: where
     ``optimizer_state`` reads moments; ``extra``: more scalars of the step by tag.
+    ``param_norms``: ``(names, norms)``, each parameter's gradient norm where a graph tap
+    already measured them (loss scale undone, before clipping); without it they are
+    taken from ``grads`` on the host, in the same pass as their global norm.
     """
 
     loss: Any = None
@@ -36,6 +39,7 @@ class StepInputs:
     params: list | None = None
     optimizer: Any = None
     extra: Mapping[str, float] | None = None
+    param_norms: tuple[list[str], Any] | None = None
 
 
 class StopTraining(BaseException):

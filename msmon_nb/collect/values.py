@@ -152,6 +152,15 @@ def param_tag(name: str) -> str:
     return suggest_tag(name.replace("/", "."))
 
 
+def param_names(params: Sequence[Any] | None, n: int) -> list[str]:
+    """The names of ``n`` gradients: their parameters' (``params`` in the gradients'
+    order, as an optimizer and ``value_and_grad`` over its parameters give them), else
+    ``grad_<i>`` when there are none or their count differs."""
+    if params is not None and len(params) == n:
+        return [str(getattr(p, "name", f"grad_{i}")) for i, p in enumerate(params)]
+    return [f"grad_{i}" for i in range(n)]
+
+
 def param_stats(
     names: Sequence[str],
     weights: Sequence[Any] | None,

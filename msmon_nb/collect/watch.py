@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from msmon_nb.collect.active import ACTIVE
-from msmon_nb.collect.gradsource import GradSeen, resolve, scaling_artifact
+from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import compile_cache, find_ways_in, is_optimizer, original
 from msmon_nb.collect.optstate import find_optimizer
 from msmon_nb.collect.patches import Patches
@@ -58,6 +58,7 @@ from msmon_nb.collect.values import (
     read_global_step,
     read_lr,
 )
+from msmon_nb.config.blame import blame_on
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class Watch:
         self._owners: dict[int, tuple[Any, Any]] = {}  # id -> (train cell/jit step, its optimizer)
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
+        self._blame = blame_on(recorder.config)  # keep per-parameter gradient norms
+        self._names: dict[int, tuple[Any, list[str]]] = {}  # id -> (optimizer, its names)
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -146,6 +149,8 @@ class Watch:
         # earlier grad calls of a first step not yet known to be one (``_hold``): their
         # loss and start time
         self.held: list[tuple[float | None, float]] = []
+        # each parameter's gradient norm as a graph step's optimizer tap measured it
+        self.param_norms: tuple[list[str], Any] | None = None
 
     # --- patching -----------------------------------------------------------------------
 
@@ -204,7 +209,7 @@ class Watch:
             from msmon_nb.collect.gradtaps import StepTaps
 
             # without the cache, steps first compiled inside the watch still get the tap
-            self.tap = StepTaps(compile_cache(), gate)
+            self.tap = StepTaps(compile_cache(), gate, self._blame)
             self._tap_why = ways["compile_cache"].missing_message(version)
             # clip and loss-scale functions run in Python in PyNative loops: wrapped now
             # (nothing compiled is dropped until a graph step needs it)
@@ -681,7 +686,10 @@ class Watch:
         """
         tap = self.tap
         seen, tap_lr = GradSeen(), None
+        names: list[str] | None = None
         if tap is not None and tap.begun:
+            names = self._guard(self._tapped_names) if self._blame else None
+            tap.each = len(names) if names else 0
             got = self._guard(tap.end, self._opt_calls - self._opt_at_begin)
             if got is not None:
                 seen, tap_lr = got
@@ -724,6 +732,8 @@ class Watch:
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
             self.monitor.warn_once(out.note, out.note)
+        if names:
+            self.param_norms = param_norms(seen, out.grad_norm, names)
         if out.source is not None or out.note is not None or seen.overflow:
             self._norm_seen = True
         if out.source == "produced" and out.grad_norm is None:
@@ -751,7 +761,9 @@ class Watch:
                 global_step = None if global_step is None else global_step - 1
             if opt_ran and not self._norm_seen and self._wants("grad_norm"):
                 rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
-            params = list(getattr(self.opt, "parameters", ())) if self.opt is not None else None
+            # a graph step's optimizer too, for blame's detail after an alert
+            owner = self.opt if self.opt is not None or not self._blame else self._step_optimizer()
+            params = list(getattr(owner, "parameters", ())) if owner is not None else None
             loss = self.raw_loss if self.raw_loss is not None else self.loss
             if self._guard(scaling_artifact, extra, loss):
                 loss = None
@@ -767,6 +779,7 @@ class Watch:
                     params=params,
                     optimizer=self._optimizer(),
                     extra=extra or None,
+                    param_norms=self.param_norms,
                 )
                 rec.record_step(inputs, collect=True)
         else:
@@ -804,6 +817,19 @@ class Watch:
         if known is None or known[0] is not self.owner:
             known = (self.owner, self._guard(find_optimizer, self.owner))
             self._owners[id(self.owner)] = known
+        return known[1]
+
+    def _tapped_names(self) -> list[str]:
+        """The names of the parameters whose gradient norms the optimizer tap keeps for
+        this step's optimizer (``gradtaps.tapped_names``), looked up once per optimizer."""
+        from msmon_nb.collect.gradtaps import tapped_names
+
+        optimizer = self._step_optimizer()
+        if optimizer is None:
+            return []
+        known = self._names.get(id(optimizer))
+        if known is None or known[0] is not optimizer:
+            known = self._names[id(optimizer)] = (optimizer, tapped_names(optimizer))
         return known[1]
 
     def _why(self) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from msmon_nb.config.alerts import resolve_settings
+from msmon_nb.config.blame import resolve_blame
 from msmon_nb.config.checks import (
     CORE_METRICS,
     KNOWN_METRICS,
@@ -76,6 +77,8 @@ class MonitorConfig:
     # interval is what they asked to see, and on a machine shared with other jobs a
     # noisy timing must not thin their curves unasked (collect.budget).
     overhead_budget: float | None = None
+    # which layer started a gradient or loss alert (config.blame: keys and defaults)
+    blame: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -295,6 +298,7 @@ class MonitorConfig:
         fs = self.flush_secs
         if isinstance(fs, bool) or not isinstance(fs, int | float) or not 0 < fs <= 1:
             raise fail("flush_secs", fs, "must be seconds in (0, 1]", "flush_secs: 1.0")
+        resolve_blame(self.blame)
         for name in ("alerts", "snapshot"):
             if not isinstance(getattr(self, name), dict):
                 raise fail(name, getattr(self, name), "must be a mapping", f"{name}: {{}}")

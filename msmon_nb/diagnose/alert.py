@@ -31,6 +31,9 @@ class Alert:
     tag: str = ""
     value: float | None = None
     rank: int | None = None
+    # the parameters whose gradient norms rose first and most (``diagnose.blame``), as
+    # ``Blamed.to_dict()`` entries; None where no blame was asked or possible
+    blame: tuple[dict[str, Any], ...] | None = None
 
     # Aliases: users reach for "onset" and "rule" as often as for our field names, and
     # alerts read back from disk are dicts; both spellings and both access styles work.
@@ -68,7 +71,7 @@ class Alert:
         value: float | str | None = self.value
         if value is not None and not math.isfinite(value):
             value = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-        return {
+        out = {
             "step": self.step,
             "kind": self.kind,
             "severity": self.severity,
@@ -78,12 +81,16 @@ class Alert:
             "value": value,
             "rank": self.rank,
         }
+        if self.blame is not None:
+            out["blame"] = [dict(entry) for entry in self.blame]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Alert:
         """Inverse of ``to_dict`` (for alerts read back from a run on disk)."""
         value = data.get("value")
         rank = data.get("rank")
+        blamed = data.get("blame")
         return cls(
             step=int(data["step"]),
             kind=str(data["kind"]),
@@ -93,6 +100,7 @@ class Alert:
             tag=str(data.get("tag", "")),
             value=None if value is None else float(value),
             rank=None if rank is None else int(rank),
+            blame=None if blamed is None else tuple(dict(entry) for entry in blamed),
         )
 
 

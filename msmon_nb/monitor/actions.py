@@ -38,6 +38,7 @@ from msmon_nb.config.cards import SEVERITY, SKIP_KINDS
 from msmon_nb.diagnose import Diagnoser
 from msmon_nb.diagnose.alert import Alert, fmt
 from msmon_nb.expr import compile_expression
+from msmon_nb.monitor.layers import LayerBlame
 
 SKIPPED_TAG = "train/skipped_steps"
 
@@ -78,6 +79,7 @@ class Actions:
         self.skips_in_a_row = 0
         self.skipped_total = 0
         self.widened = False  # overhead_budget widened the interval once already
+        self.layers = LayerBlame(cfg)  # which layer started a gradient or loss alert
 
     # --- per collected step ----------------------------------------------------------------
 
@@ -250,6 +252,14 @@ class Actions:
     def _on_alert(self, alert: Any) -> None:
         mon = self.monitor
         action = self.diagnoser.action(alert.kind)
+        if self.layers.wants(alert):
+            judged = mon.guard(
+                "naming the layer that started it",
+                self.layers.judge,
+                alert,
+                self.monitor.collector.last_params,
+            )
+            alert = judged if judged is not None else alert
         # a rule's finding under action skip is reported like warn: the skips themselves
         # are decided by the gate, step by step, and reported by _on_skip
         self._record_alert(alert, "warn" if action == "skip" else action)

@@ -1,0 +1,104 @@
+"""The ``monitor_config.blame`` schema: which layer started a gradient or loss alert.
+
+``resolve_blame(blame)`` checks the user's mapping and returns every key filled in; a
+bad value raises ``ConfigError`` naming the key, the value and a valid example, as every
+other ``monitor_config`` field does, so a typo fails when the config is loaded.
+
+Keys (README, "Which layer started it"):
+
+- ``enabled``: keep per-parameter gradient norms of the last collected steps and name,
+  in gradient and loss alerts, the parameters whose norms rose first and most;
+- ``steps``: how many collected steps the ring buffer keeps (the history each
+  parameter's norm is judged against);
+- ``z``: the robust z-score (median/MAD of the log norm) over which a parameter "rose";
+  tuned on ``bench/blame.py``'s tuning set, reported on its held-out set;
+- ``top``: how many parameters an alert names;
+- ``detail_steps``: after such an alert, record ``param/<name>/grad_norm``,
+  ``weight_norm`` and ``update_ratio`` for this many steps (0: never).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from msmon_nb.config.checks import ConfigError
+
+# key -> default
+BLAME_DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "steps": 32,
+    "z": 6.0,
+    "top": 3,
+    "detail_steps": 50,
+}
+# the alert kinds whose alerts carry a blame: the gradient and loss families
+BLAME_KINDS = ("grad_explosion", "nonfinite", "loss_spike", "loss_divergence", "rising_trend")
+MIN_STEPS = 8  # fewer rows give no median/MAD worth the name
+
+
+def blame_on(config: Any) -> bool:
+    """Whether a run with ``config`` (a ``MonitorConfig``) keeps per-parameter gradient
+    norms: blame enabled, and grad_norm tracked (they come from the same pass)."""
+    return bool(resolve_blame(config.blame)["enabled"]) and config.tracks("grad_norm")
+
+
+def _bad(key: str, value: Any, why: str, example: str) -> ConfigError:
+    return ConfigError(f"monitor_config.blame.{key}={value!r}: {why}; for example blame: {example}")
+
+
+def resolve_blame(blame: Any) -> dict[str, Any]:
+    """``blame`` with every key present, checked (module docstring)."""
+    if blame is None:
+        blame = {}
+    if not isinstance(blame, Mapping):
+        raise ConfigError(
+            f"monitor_config.blame={blame!r}: must be a mapping; for example "
+            "blame: {steps: 32, detail_steps: 50}"
+        )
+    out = dict(BLAME_DEFAULTS)
+    for key, value in blame.items():
+        if key not in BLAME_DEFAULTS:
+            close = difflib.get_close_matches(str(key), list(BLAME_DEFAULTS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"monitor_config.blame has no key {key!r}{hint} (keys: {', '.join(BLAME_DEFAULTS)})"
+            )
+        out[key] = _check(key, value)
+    return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(key: str, value: Any) -> Any:
+    if key == "enabled":
+        if not isinstance(value, bool):
+            raise _bad(key, value, "must be true or false", "{enabled: false}")
+        return value
+    if key == "steps":
+        if not _whole(value) or value < MIN_STEPS:
+            raise _bad(key, value, f"must be a whole number >= {MIN_STEPS}", "{steps: 32}")
+        return value
+    if key == "top":
+        if not _whole(value) or value < 1:
+            raise _bad(key, value, "must be a whole number >= 1", "{top: 3}")
+        return value
+    if key == "detail_steps":
+        if not _whole(value) or value < 0:
+            raise _bad(key, value, "must be a whole number >= 0 (0: off)", "{detail_steps: 50}")
+        return value
+    # z
+    if isinstance(value, str):  # PyYAML reads 1e1 (no dot) as text
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(key, value, "must be a finite number > 0", "{z: 6.0}")
+    if value <= 0:
+        raise _bad(key, value, "must be a finite number > 0", "{z: 6.0}")
+    return float(value)
