@@ -37,15 +37,16 @@ def main() -> None:
     args = parser.parse_args()
     base = tempfile.mkdtemp(prefix="msmon_bench_control_")
     mon = Monitor(save_dir=base, run_name="control")
-    reader = mon._control  # the bench looks inside on purpose: the same boundary, on/off
-    boundary = mon._boundary
+    state = mon.boundary_state  # the same boundary, with and without the control file
+    reader = state.control
+    boundary = mon.boundary
     on, off = [], []
     for r in range(args.rounds):
         for with_reader in (True, False) if r % 2 else (False, True):
-            mon._control = reader if with_reader else None
+            state.control = reader if with_reader else None
             cost = per_call(lambda: boundary(False), args.steps)
             (on if with_reader else off).append(cost)
-    mon._control = reader
+    state.control = reader
     extra = [a - b for a, b in zip(on, off, strict=True)]
     print(f"Monitor step boundary, {args.steps} calls x {args.rounds} rounds:")
     print(

@@ -83,7 +83,7 @@ def functional(steps: int, rounds: int, base: str) -> None:
     tenth = Monitor(save_dir=base, run_name="every_10th", log_interval=10)
     spent = {id(every): 0.0, id(tenth): 0.0}
     for mon in (every, tenth):  # time spent inside the monitor itself, attributed directly
-        inner = mon._record_step
+        inner = mon.record_step
         key = id(mon)
 
         def timed(*a, _inner=inner, _key=key, **k):
@@ -93,7 +93,7 @@ def functional(steps: int, rounds: int, base: str) -> None:
             finally:
                 spent[_key] += time.perf_counter() - t0
 
-        mon._record_step = timed
+        mon.record_step = timed
     variants = {"plain": None, "every step": every, "every 10th step": tenth}
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)

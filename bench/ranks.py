@@ -154,7 +154,7 @@ def comm_worker(out: str, blocks: int, block: int) -> None:
     conditions = [(1, False), (1, True), (10, False), (10, True)]
     times: dict[str, list[float]] = {f"{f}/{on}": [] for f, on in conditions}
     with Monitor(save_dir=out, model_name="bench", flush_secs=1.0) as mon:
-        tap = mon._comm
+        tap = mon.collector.comm
         assert tap is not None and tap.try_install(), "the comm tap is not installed"
         for _ in range(20):  # warm up (first-call compiles)
             loss, grads = grad_fn(x, y)

@@ -209,5 +209,5 @@ class StepCollector:
             self._guard.warn_once("optimizer_state none", missing_optimizer_message())
             return {}
         if self._optstate is None:
-            self._optstate = OptimizerState(self.config.param_targets, self._warn_once)
+            self._optstate = OptimizerState(self.config.param_targets, self._guard.warn_once)
         return self._guard("reading the optimizer state", self._optstate.read, optimizer) or {}

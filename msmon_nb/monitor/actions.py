@@ -220,6 +220,19 @@ class Actions:
         if self.gate is not None:
             self.gate.release()
 
+    def layer_values(self, step: int, values: dict[str, float]) -> None:
+        """``blame``, before the rules see collected step ``step``: keep its per-parameter
+        gradient norms (an alert on this step blames with them), and while a detail
+        window is open add its per-parameter scalars to ``values``."""
+        collector, layers = self.monitor.collector, self.layers
+        if collector.param_norms is not None:
+            guard = self.monitor.guard
+            guard("keeping per-parameter gradient norms", layers.keep, *collector.param_norms)
+        if layers.detail_until is not None:
+            params = collector.last_params
+            more = self.monitor.guard("recording per-parameter detail", layers.detail, step, params)
+            values.update(more or {})
+
     def widen_interval(self, step: int, wider: int) -> None:
         """``overhead_budget`` widened the collection interval (``collect.budget``): the
         first time, a warning and an ``overhead_budget`` alert in the run say so; later

@@ -308,16 +308,8 @@ class Monitor:
         values = self.collector.finish(inputs, step, collect)
         if values is None:
             return
-        if actions is not None and actions.layers.on:
-            # before the rules see the step: an alert on it blames with its norms
-            norms = self.collector.param_norms
-            if norms is not None:
-                self.guard("keeping per-parameter gradient norms", actions.layers.keep, *norms)
-            if actions.layers.detail_until is not None:
-                more = self.guard(
-                    "recording per-parameter detail", actions.layers.detail, step, inputs.params
-                )
-                values.update(more or {})
+        if actions is not None and actions.layers.on:  # before the rules see the step
+            actions.layer_values(step, values)
         self.emit(step, values)
         wider = self.collector.widened(self.collect_freq)
         if wider is not None and actions is not None:
