@@ -91,6 +91,7 @@ class MonitorCallback(Callback):
         if dataset is not None and self.batch_size is None:
             self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
         self.network = network
+        mon.trains(network, self.optimizer)  # what checkpoint saves and lr xF scales
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._install_taps(network)

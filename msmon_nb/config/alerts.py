@@ -19,7 +19,9 @@ from typing import Any
 
 from msmon_nb.config.checks import TAG_RULE, ConfigError, check_tag, suggest_tag
 
-ACTIONS = ("warn", "snapshot", "stop", "debug", "skip")
+# ``checkpoint`` saves the network and optimizer state at the step boundary after the
+# alert (``monitor.actions``), so a run that goes wrong can be resumed from before it
+ACTIONS = ("warn", "snapshot", "stop", "debug", "skip", "checkpoint")
 DEFAULT_ACTION = "warn"
 # ``skip`` holds back the parameter update of the step being judged, so it only makes
 # sense for rules that judge one step on its own value: a whole-run pattern (a plateau,

@@ -124,7 +124,7 @@ function alertTag(a) {
   if (a.tag) return a.tag;
   const k = String(a.kind || "");
   if (k.startsWith("grad")) return "train/grad_norm";
-  if (k.startsWith("lr")) return "train/learning_rate";
+  if (/^lr/.test(k)) return "train/learning_rate";
   if (k.startsWith("data")) return "train/data_time";
   if (k.startsWith("rank") || k === "straggler") return null; // every chart of the run
   return "train/loss";

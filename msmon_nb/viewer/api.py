@@ -192,8 +192,14 @@ def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> d
 
 def _per_run(store: RunStore, query: Mapping[str, list[str]], what: str) -> Any:
     name = _one(query, "run")
+    readers = {
+        "alerts": store.alerts,
+        "snapshots": store.snapshots,
+        "interventions": store.interventions,
+        "checkpoints": store.checkpoints,
+    }
     try:
-        items = store.alerts(name) if what == "alerts" else store.snapshots(name)
+        items = readers[what](name)
     except UnknownRun:
         raise ApiError(404, f"no run {name!r} under {store.base}") from None
     return jsonable(items)
@@ -210,10 +216,24 @@ def snapshots(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     return _per_run(store, query, "snapshots")
 
 
+def interventions(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """What was done to the run while it trained (commands and alert actions that change
+    training), every rank's, by time: ``step``, ``time``, ``who``, ``what``, ``arg``,
+    ``ok``, ``message``, ``rank``."""
+    return _per_run(store, query, "interventions")
+
+
+def checkpoints(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """The run's saved checkpoints: ``rank``, ``step``, ``path``, ``bytes``, ``time``."""
+    return _per_run(store, query, "checkpoints")
+
+
 ROUTES: dict[str, Callable[[RunStore, Mapping[str, list[str]]], Any]] = {
     "/api/runs": runs,
     "/api/charts": charts,
     "/api/scalars": scalars,
     "/api/alerts": alerts,
     "/api/snapshots": snapshots,
+    "/api/interventions": interventions,
+    "/api/checkpoints": checkpoints,
 }
