@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from msmon_nb.rundir import ALERTS, INTERVENTIONS, SNAPSHOTS, append_jsonl, read_jsonl
+from msmon_nb.rundir.control import SPECS
 
 
 def _unguarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -42,19 +43,31 @@ def intervention(
     **extra: Any,
 ) -> dict[str, Any]:
     """One intervention as ``interventions.jsonl`` keeps it (and the panel receives it):
-    ``{step, time, who, what, arg, ok, message, rank}`` plus ``extra`` (a checkpoint's
-    ``path`` and ``bytes``)."""
+    ``{step, time, who, what, arg, label, ok, message, rank}`` plus ``extra`` (a
+    checkpoint's ``path`` and ``bytes``); ``label`` is what the charts' mark says."""
     return dict(
         step=step,
         time=time.time(),
         who=WHO.get(who, who or "api"),
         what=what,
         arg=arg,
+        label=label(what, arg),
         ok=bool(ok),
         message=message,
         rank=rank,
         **extra,
     )
+
+
+def label(what: str, arg: Any) -> str:
+    """A mark's words: a command as typed (``lr x0.5``, ``freq 10``), an alert action
+    with its kind (``skip grad_explosion``)."""
+    spec = SPECS.get(what)
+    if arg is None:
+        return what
+    if spec is not None and spec.arg is not None and isinstance(arg, int | float):
+        return f"{what} {spec.arg.prefixes[:1]}{arg:g}"
+    return f"{what} {arg}"
 
 
 class RunRecords:

@@ -112,7 +112,9 @@ class CommandSpec:
     always), so that Pause and Resume share one place on the panel. ``recorded``: the
     command changes training (or what is recorded of it), so each use is an
     intervention, kept in the run's ``interventions.jsonl`` and drawn on its charts; a
-    snapshot only reads."""
+    snapshot only reads. ``button``: a command with an argument that acts anew each time
+    it is sent (``lr x0.5`` halves again): the pages send it from a button next to its
+    field, never on each change of the field (``freq N`` is sent as the field changes)."""
 
     name: str
     label: str
@@ -120,6 +122,7 @@ class CommandSpec:
     arg: Argument | None = None
     when: str | None = None
     recorded: bool = True
+    button: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The command as the pages receive it (panel trait, ``/api/info``)."""
@@ -130,6 +133,7 @@ class CommandSpec:
             "arg": None if self.arg is None else self.arg.to_json(),
             "when": self.when,
             "recorded": self.recorded,
+            "button": self.button,
         }
 
 
@@ -160,6 +164,7 @@ LR = CommandSpec(
     "scale the learning rate by F from the next step on (a constant or list lr; "
     "lr x2 undoes lr x0.5 exactly)",
     Argument("xF", float, 0.0, 0.5, above=True, prefixes="x\u00d7*"),
+    button=True,
 )
 SPECS: dict[str, CommandSpec] = {
     spec.name: spec for spec in (PAUSE, RESUME, STOP, FREQ, SNAPSHOT, CHECKPOINT, LR)

@@ -6,17 +6,13 @@ for a schedule cell), and every intervention recorded in the run's
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import mindspore as ms
-import mindspore.dataset as mds
 import numpy as np
 import pytest
 from mindspore import nn
-from mindspore.train import Callback, Model
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
@@ -25,8 +21,8 @@ from msmon_nb.rundir import INTERVENTIONS, read_jsonl
 from msmon_nb.rundir.control import ControlError, check_command, send
 from msmon_nb.viewer.api import ROUTES
 from msmon_nb.viewer.store import RunStore
-from tests.conftest import ROOT
 from tests.support import tiny
+from tests.support.training import model_train_under_ctl
 
 STEPS = 30
 
@@ -117,51 +113,19 @@ def test_checkpoint_of_an_explicit_loop_without_optimizer_is_refused_with_the_fi
     assert (entry["what"], entry["who"], entry["ok"]) == ("checkpoint", "panel", False)
 
 
-def dataset(x, y, batch: int = 32):
-    return mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch)
-
-
-class Pace(Callback):
-    """Sends ``msmon ctl RUN lr x0.5`` (a real subprocess) at step 5 and waits for its
-    answer, a little each step: the monitor reads the control file at step boundaries."""
-
-    def __init__(self, mon: Monitor) -> None:
-        self.mon = mon
-        self.proc: subprocess.Popen | None = None
-
-    def on_train_step_end(self, run_context):
-        step = run_context.original_args().cur_step_num
-        if step == 5:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "msmon_nb.cli", "ctl", str(self.mon.run_dir), "lr", "x0.5"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-        if self.proc is not None and self.proc.poll() is None:
-            time.sleep(0.05)
-
-
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph"])
 def test_lr_x_half_from_msmon_ctl_on_model_train_with_a_list_schedule(tmp_path, mode):
     ms.set_context(mode=mode)
     steps = 60
     lr = tiny.warmup_lr(steps, peak=0.05, warmup=10)
-    x, y = tiny.data(n=32 * steps)
-    net = tiny.mlp()
-    opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
-    model = Model(net, loss_fn=tiny.loss_fn(), optimizer=opt)
-    with Monitor(save_dir=str(tmp_path), run_name="lr", log_interval=1) as mon:
-        pace = Pace(mon)
-        model.train(1, dataset(x, y), callbacks=[mon.callback(), pace], dataset_sink_mode=False)
-    out, err = pace.proc.communicate(timeout=60)
-    assert pace.proc.returncode == 0, err
+    mon, opt, out, code = model_train_under_ctl(tmp_path, steps, lr, ["lr", "x0.5"])
+    assert code == 0, out
     assert "lr x0.5: " in out and "from the next step on" in out
 
     run = load_run(mon.run_dir)
     [entry] = run.interventions
     assert (entry["what"], entry["arg"], entry["who"], entry["ok"]) == ("lr", 0.5, "ctl", True)
+    assert entry["label"] == "lr x0.5"
     k = entry["step"]
     assert 5 <= k < steps - 5
     series = run.scalars("train/learning_rate")
@@ -258,7 +222,9 @@ def test_pause_resume_stop_and_freq_are_recorded_by_whom_at_which_step(tmp_path)
     assert all(e["message"] and e["time"] > 0 and e["rank"] is None for e in run.interventions)
     assert [e["what"] for e in mon.interventions] == ["pause", "resume", "freq", "stop"]
     line = (mon.run_dir / INTERVENTIONS).read_text().splitlines()[0]
-    assert set(json.loads(line)) == {"step", "time", "who", "what", "arg", "ok", "message", "rank"}
+    keys = {"step", "time", "who", "what", "arg", "label", "ok", "message", "rank"}
+    assert set(json.loads(line)) == keys
+    assert [e["label"] for e in run.interventions] == ["pause", "resume", "freq 2", "stop"]
 
 
 def test_alert_action_checkpoint_saves_at_the_boundary_and_is_recorded(tmp_path):
