@@ -217,11 +217,11 @@ class Actions:
         self._record_alert(alert, "skip")
         mon = self.monitor
         skipped = f"{kind}: {why}: update of step {step} skipped"
-        mon.intervene("skip", kind, ALERT_ACTION, True, skipped)
+        mon.intervene("skip", kind, ALERT_ACTION, True, skipped, at=step)  # before it counts
         if stop:
             reason = f"{n} updates skipped in a row (limit {limit}): {why} at step {step}"
             mon.stop(reason)
-            mon.intervene(STOP.name, kind, ALERT_ACTION, True, reason)
+            mon.intervene(STOP.name, kind, ALERT_ACTION, True, reason, at=step)
 
     def close(self) -> None:
         """The monitor closes: unwrap whatever still holds the skip gate."""

@@ -330,13 +330,21 @@ class Monitor:
         return f"lr x{factor:g}: {first[1]:.6g} -> {first[2]:.6g}{groups} from the next step on"
 
     def intervene(
-        self, what: str, arg: Any, who: str, ok: bool, message: str, **extra: Any
+        self,
+        what: str,
+        arg: Any,
+        who: str,
+        ok: bool,
+        message: str,
+        at: int | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
         """Record one intervention (a command or an alert action that changes training)
-        at the last step: ``interventions.jsonl`` and the panel's markers
-        (``monitor.records``)."""
+        at step ``at`` (default: the last step finished): ``interventions.jsonl`` and the
+        panel's markers (``monitor.records``)."""
         rank = self.ranks.rank if self.ranks.distributed else None
-        entry = intervention(self.last_step, who, what, arg, ok, message, rank, **extra)
+        step = self.last_step if at is None else at
+        entry = intervention(step, who, what, arg, ok, message, rank, **extra)
         self.records.intervention(entry)
         return entry
 
