@@ -34,7 +34,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from msmon_nb.config.blame import BLAME_KINDS
+from msmon_nb.config.cards import BLAME_KINDS
 from msmon_nb.diagnose.blame import NormRing, blame
 from msmon_nb.monitor import Monitor
 

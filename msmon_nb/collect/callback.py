@@ -99,6 +99,7 @@ class MonitorCallback(Callback):
         self.network = network
         if self._blame:
             self._names = mon.guard("naming the parameters", tapped_names, self.optimizer) or []
+        mon.trains(network, self.optimizer)  # what checkpoint saves and lr xF scales
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._install_taps(network)

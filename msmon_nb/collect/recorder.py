@@ -90,6 +90,12 @@ class Recorder(Protocol):
         """``fn(*args)``; a failure is warned about once and returns None."""
         ...
 
+    def trains(self, network: Any = None, optimizer: Any = None) -> None:
+        """What the loop trains, as far as the way in knows it without calling user
+        code (a train network, the optimizer it saw): what the ``checkpoint`` command
+        saves and ``lr xF`` scales."""
+        ...
+
     def skip_gate(self) -> Any:
         """The ``collect.skip.SkipGate`` to put before the optimizer update when the
         alerts ask for ``action: skip``, else None. After each step the recorder reads

@@ -92,7 +92,8 @@ def _listed_lr(optimizer: Any, cell: Any) -> float | None:
     Parameter indexed by ``global_step``, and computes it as ``get_lr()`` does (MindCV's
     own ``get_lr`` too: it reads ``global_step``, then moves it). Read before the
     update, ``global_step`` is the index the update uses. The schedule's values are read
-    once (MindSpore never writes them): about 15 us a read, against 0.67 ms for a
+    once (MindSpore never writes them; ``lr xF`` does, and says so through
+    ``forget_schedule``): about 15 us a read, against 0.67 ms for a
     ``get_lr()`` graph launch under GRAPH_MODE. None past the schedule's end (where the
     optimizer itself would fail).
     """
@@ -106,6 +107,12 @@ def _listed_lr(optimizer: Any, cell: Any) -> float | None:
         return None
     values, step = known[1], int(step)
     return float(values[step]) if 0 <= step < len(values) else None
+
+
+def forget_schedule(table: Any) -> None:
+    """Drop the cached values of a list schedule's Parameter: ``lr xF``
+    (``collect.lrscale``) just wrote it, so the next ``_listed_lr`` reads it again."""
+    _SCHEDULES.pop(id(table), None)
 
 
 def cell_loss_scale(cell: Any) -> float | None:

@@ -125,6 +125,7 @@ class Watch:
         self.batch_size: int | None = None
         self._norm_seen = False
         self._owners: dict[int, tuple[Any, Any]] = {}  # id -> (train cell/jit step, its optimizer)
+        self._told: tuple[Any, Any] = (None, None)  # (train cell, optimizer) told the recorder
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
         self._blame = blame_on(recorder.config)  # keep per-parameter gradient norms
@@ -753,6 +754,11 @@ class Watch:
             waited = self._t_first - self._t_end if self._t_end is not None else 0.0
             rec.add_timing(waited, now - self._t_first)
             self._t_first = None
+        opt = self.opt if self.opt is not None else self._step_optimizer()
+        cell = self.owner if self.kind == "train_cell" else None
+        if opt is not self._told[1] or cell is not self._told[0]:  # once per change
+            self._told = (cell, opt)
+            rec.trains(cell, opt)  # what checkpoint saves and lr xF scales
         if self.collect:
             grads, grad_norm, scale, extra = self._gradients()
             global_step = None

@@ -19,7 +19,9 @@ from msmon_nb.config.cards import CARDS, KINDS, SKIP_KINDS, Card
 from msmon_nb.config.checks import ConfigError
 from msmon_nb.config.params import BadValue, count
 
-ACTIONS = ("warn", "snapshot", "stop", "debug", "skip")
+# ``checkpoint`` saves the network and optimizer state at the step boundary after the
+# alert (``monitor.actions``), so a run that goes wrong can be resumed from before it
+ACTIONS = ("warn", "snapshot", "stop", "debug", "skip", "checkpoint")
 DEFAULT_ACTION = "warn"
 # updates skipped in a row before the run stops (MindFormers'
 # global_norm_spike_count_threshold; its documented example is 10)

@@ -34,8 +34,6 @@ BLAME_DEFAULTS: dict[str, Any] = {
     "top": 3,
     "detail_steps": 50,
 }
-# the alert kinds whose alerts carry a blame: the gradient and loss families
-BLAME_KINDS = ("grad_explosion", "nonfinite", "loss_spike", "loss_divergence", "rising_trend")
 MIN_STEPS = 8  # fewer rows give no median/MAD worth the name
 
 

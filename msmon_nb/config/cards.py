@@ -81,6 +81,8 @@ class Card:
     runs_when: str | None = None
     # alerts of one rank may recur at different onsets: recorded once per onset
     per_onset: bool = False
+    # a gradient or loss alert: ``blame`` names the parameters that started it
+    blamed: bool = False
 
     @property
     def configurable(self) -> bool:
@@ -134,6 +136,7 @@ _CARDS = (
         },
         skip_code=2,
         level={"log": True},
+        blamed=True,
     ),
     Card(
         "grad_vanishing",
@@ -159,6 +162,7 @@ _CARDS = (
             "patience": Param(1, p.count(1), 3),
         },
         skip_code=1,
+        blamed=True,
     ),
     Card(
         "loss_spike",
@@ -177,6 +181,7 @@ _CARDS = (
         },
         skip_code=3,
         level={"upper": True},
+        blamed=True,
     ),
     Card(
         "loss_divergence",
@@ -198,6 +203,7 @@ _CARDS = (
             "min_history": Param(20, p.count(2), 30),
         },
         level={"upper": True},
+        blamed=True,
     ),
     Card(
         "loss_plateau",
@@ -276,6 +282,7 @@ _CARDS = (
             "min_history": Param(30, p.count(2), 50),
         },
         companions=("grad_tag", "lr_tag"),
+        blamed=True,
     ),
     Card(
         "adam_v_stale",
@@ -320,6 +327,8 @@ CARDS: Mapping[str, Card] = MappingProxyType({c.kind: c for c in _CARDS})
 KINDS: tuple[str, ...] = tuple(c.kind for c in _CARDS if c.configurable)
 # the kinds ``action: skip`` accepts, alphabetical (as error messages list them)
 SKIP_KINDS: tuple[str, ...] = tuple(sorted(c.kind for c in _CARDS if c.skippable))
+# kinds whose alerts carry a blame (``diagnose.blame``): the gradient and loss families
+BLAME_KINDS: tuple[str, ...] = tuple(c.kind for c in _CARDS if c.blamed)
 # kind -> "warning" | "critical", every kind
 SEVERITY: Mapping[str, str] = MappingProxyType({c.kind: c.severity for c in _CARDS})
 # skip gate reason code -> the kind whose criterion failed

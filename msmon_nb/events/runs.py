@@ -28,8 +28,10 @@ from msmon_nb.events.rankmerge import merge_ranks
 from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
 from msmon_nb.rundir.layout import (
     ALERTS,
+    INTERVENTIONS,
     MARKER,
     SNAPSHOTS,
+    checkpoint_files,
     combined_status,
     find_run_dirs,
     is_run_dir,
@@ -469,6 +471,26 @@ class Run:
         like the live ``Monitor.alerts`` (``onset`` is an alias of ``since_step``).
         """
         return [AlertRecord(item) for item in read_run_jsonl(self.path, ALERTS)]
+
+    @property
+    def interventions(self) -> list[dict[str, Any]]:
+        """What was done to the run while it trained, by time (``interventions.jsonl`` of
+        every rank): each command or alert action that changes training.
+
+        Each: ``step`` (the last step finished when it acted), ``time``, ``who``
+        (``panel``, ``ctl``, ``viewer``, ``magic``, ``api``, ``alert action``), ``what``
+        (``pause``, ``resume``, ``stop``, ``freq``, ``lr``, ``checkpoint``, ``skip``),
+        ``arg``, ``ok``, ``message``, ``rank``; a checkpoint's ``path`` and ``bytes``.
+        """
+        items = read_run_jsonl(self.path, INTERVENTIONS)
+        return sorted(items, key=lambda item: float(item.get("time") or 0.0))
+
+    @property
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The checkpoints the ``checkpoint`` command or alert action saved into the run:
+        ``{rank, step, path, bytes, time}`` by step (``mindspore.load_checkpoint`` reads
+        each)."""
+        return checkpoint_files(self.path)
 
     @property
     def snapshots(self) -> list[dict[str, Any]]:

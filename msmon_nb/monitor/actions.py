@@ -3,9 +3,12 @@
 ``Actions`` sits between the Monitor and ``diagnose``: each collected step's scalars go
 through the ``Diagnoser`` and the ``break_on`` expression; each new alert is kept in
 ``monitor.alerts``, appended to ``alerts.jsonl``, logged once, and acted on as
-``monitor_config.alerts`` says (``warn``, ``snapshot``, ``stop``, ``debug``, ``skip``).
-Stop and debug wait for the step boundary, where the user's loop can be ended cleanly or
-a debugger opened in the user's own frame, with their tensors in scope.
+``monitor_config.alerts`` says (``warn``, ``snapshot``, ``stop``, ``debug``, ``skip``,
+``checkpoint``). Stop, debug and checkpoint wait for the step boundary, where the user's
+loop can be ended cleanly, a debugger opened in the user's own frame with their tensors
+in scope, or the state saved between two updates (an alert found on a late device
+grad_norm arrives while the next step already ran). Each action that changes training
+(stop, skip, checkpoint) is an intervention, recorded with ``who: alert action``.
 
 ``skip`` is decided before the step ends, by a ``collect.skip.SkipGate`` in front of the
 optimizer's update (in the graph, or in Python for PyNative loops). This side keeps the
@@ -39,6 +42,8 @@ from msmon_nb.diagnose import Diagnoser
 from msmon_nb.diagnose.alert import Alert, fmt
 from msmon_nb.expr import compile_expression
 from msmon_nb.monitor.layers import LayerBlame
+from msmon_nb.monitor.records import ALERT_ACTION
+from msmon_nb.rundir.control import CHECKPOINT, STOP
 
 SKIPPED_TAG = "train/skipped_steps"
 
@@ -69,6 +74,7 @@ class Actions:
         )
         monitor.collector.flight = self.recorder  # it keeps the steps before an alert
         self.pending_debug: str | None = None
+        self.pending_checkpoint: Alert | None = None  # action: checkpoint, at the boundary
         settings = self.diagnoser.settings
         off = set(settings["disabled"])
         self.skip_kinds = [
@@ -212,8 +218,13 @@ class Actions:
             message += f"; {n} updates skipped in a row (limit {limit}): stopping the run"
         alert = Alert(step, kind, SEVERITY[kind], message, step, tag, value, self._rank())
         self._record_alert(alert, "skip")
+        mon = self.monitor
+        skipped = f"{kind}: {why}: update of step {step} skipped"
+        mon.intervene("skip", kind, ALERT_ACTION, True, skipped, at=step)  # before it counts
         if stop:
-            self.monitor.stop(f"{n} updates skipped in a row (limit {limit}): {why} at step {step}")
+            reason = f"{n} updates skipped in a row (limit {limit}): {why} at step {step}"
+            mon.stop(reason)
+            mon.intervene(STOP.name, kind, ALERT_ACTION, True, reason, at=step)
 
     def close(self) -> None:
         """The monitor closes: unwrap whatever still holds the skip gate."""
@@ -280,8 +291,27 @@ class Actions:
             self.snapshot_for_alert(alert)
         elif action == "stop":
             mon.stop()
+            message = f"{alert.kind}: {alert.message}"
+            mon.intervene(STOP.name, alert.kind, ALERT_ACTION, True, message)
+        elif action == "checkpoint":
+            self.pending_checkpoint = alert
         elif action == "debug":
             self.pending_debug = f"{alert.kind}: {alert.message}"
+
+    def checkpoint_for_alert(self, alert: Any) -> None:
+        """``action: checkpoint``: save the state now (a step boundary), recorded as an
+        intervention; a refusal (nothing known to save) is recorded and warned once."""
+        mon = self.monitor
+        try:
+            saved = mon.checkpoint()
+        except ValueError as exc:
+            message = f"checkpoint refused: {exc}"
+            mon.intervene(CHECKPOINT.name, alert.kind, ALERT_ACTION, False, message)
+            mon.warn_once("checkpoint action", f"{alert.kind}: {message}")
+            return
+        message = f"{alert.kind}: checkpoint of step {saved['step']} saved: {saved['path']}"
+        extra = {"path": saved["path"], "bytes": saved["bytes"]}
+        mon.intervene(CHECKPOINT.name, alert.kind, ALERT_ACTION, True, message, **extra)
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -336,8 +366,16 @@ class Actions:
 
     # --- at the step boundary ----------------------------------------------------------------
 
+    def pending(self) -> bool:
+        """Whether an alert action waits for the step boundary (checkpoint, debugger)."""
+        return self.pending_debug is not None or self.pending_checkpoint is not None
+
     def at_boundary(self) -> None:
-        """Open the debugger in the user's frame if an alert or break_on asked for it."""
+        """Save the checkpoint an alert asked for; open the debugger in the user's frame
+        if an alert or break_on asked for it."""
+        if self.pending_checkpoint is not None:
+            alert, self.pending_checkpoint = self.pending_checkpoint, None
+            self.monitor.guard("saving the alert's checkpoint", self.checkpoint_for_alert, alert)
         if self.pending_debug is None:
             return
         reason, self.pending_debug = self.pending_debug, None

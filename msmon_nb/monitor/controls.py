@@ -13,6 +13,11 @@ A handler acts on the monitor through its public controls only (``pause``, ``sto
 ``set_collect_freq``, ``snapshot``...); it returns the text the user sees, or raises
 ``Refused`` saying why it cannot act. Everything runs at a step boundary (the panel's
 pump and the control file are read there), so a handler never races the training step.
+
+A command whose spec is ``recorded`` (it changes training, or what is recorded of it)
+is an intervention: whatever came of it (done or refused, and by whom: ``panel``,
+``ctl``, ``viewer``, ``magic``) is kept through ``mon.intervene`` in the run's
+``interventions.jsonl``, here, once for every road.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from typing import Any, Protocol
 
 from msmon_nb.config import ConfigError
 from msmon_nb.rundir.control import (
+    CHECKPOINT,
     COMMANDS,
     FREQ,
+    LR,
     PAUSE,
     RESUME,
     SNAPSHOT,
@@ -61,6 +68,14 @@ class Monitor(Protocol):
 
     def snapshot(self, tensors: Any = None, step: int | None = None, reason: str = "manual"): ...
 
+    def checkpoint(self) -> dict[str, Any]: ...
+
+    def scale_lr(self, factor: float) -> str: ...
+
+    def intervene(
+        self, what: str, arg: Any, who: str, ok: bool, message: str, **extra: Any
+    ) -> dict[str, Any]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +103,15 @@ class Result:
     message: str
 
 
-Handler = Callable[[Monitor, Any, str], str]
+@dataclass(frozen=True)
+class Done:
+    """A handler's answer with facts for the intervention record (a checkpoint's path)."""
+
+    message: str
+    extra: dict[str, Any]
+
+
+Handler = Callable[[Monitor, Any, str], "str | Done"]
 
 
 def _pause(mon: Monitor, _arg: Any, _by: str) -> str:
@@ -122,12 +145,29 @@ def _snapshot(mon: Monitor, _arg: Any, by: str) -> str:
     return f"snapshot of {len(taken)} tensors at step {mon.last_step}"
 
 
+def _checkpoint(mon: Monitor, _arg: Any, _by: str) -> Done:
+    if not mon.enabled:
+        raise Refused("this monitor is disabled (enable_monitor: false): nothing to save")
+    saved = mon.checkpoint()
+    mb = saved["bytes"] / 1e6
+    message = f"checkpoint of step {saved['step']} saved: {saved['path']} ({mb:.3g} MB)"
+    return Done(message, {"path": saved["path"], "bytes": saved["bytes"]})
+
+
+def _lr(mon: Monitor, factor: float, _by: str) -> str:
+    if not mon.enabled:
+        raise Refused("this monitor is disabled (enable_monitor: false): no optimizer known")
+    return mon.scale_lr(factor)
+
+
 HANDLERS: dict[CommandSpec, Handler] = {
     PAUSE: _pause,
     RESUME: _resume,
     STOP: _stop,
     FREQ: _freq,
     SNAPSHOT: _snapshot,
+    CHECKPOINT: _checkpoint,
+    LR: _lr,
 }
 
 
@@ -142,16 +182,30 @@ def interpret(mon: Monitor, cmd: Any, arg: Any = None, source: str = "") -> Resu
         name, value = check_command(cmd, arg)
     except ControlError as exc:
         return Result(False, str(exc))
+    result, extra = _act(mon, name, value, source)
+    if SPECS[name].recorded:
+        try:
+            mon.intervene(name, value, source, result.ok, result.message, **extra)
+        except Exception:  # a record that cannot be kept must not undo the answer
+            log.debug("msmon: recording %s failed", name, exc_info=True)
+    return result
+
+
+def _act(mon: Monitor, name: str, value: Any, source: str) -> tuple[Result, dict[str, Any]]:
+    """Run the checked command's handler: its ``Result`` and the record's extra facts."""
     if mon.stop_requested and name != STOP.name:
-        return Result(False, f"{name} refused: the run is stopping at the next step boundary")
+        return Result(False, f"{name} refused: the run is stopping at the next step boundary"), {}
     by = f" ({source})" if source else ""
     try:
-        return Result(True, HANDLERS[SPECS[name]](mon, value, by))
+        done = HANDLERS[SPECS[name]](mon, value, by)
     except (Refused, ConfigError, ValueError) as exc:
-        return Result(False, f"{name} refused: {exc}")
+        return Result(False, f"{name} refused: {exc}"), {}
     except Exception as exc:  # a monitoring failure: answered, and training goes on
         log.debug("msmon: command %s failed", name, exc_info=True)
-        return Result(False, f"{name} failed ({type(exc).__name__}: {exc}); training goes on")
+        return Result(False, f"{name} failed ({type(exc).__name__}: {exc}); training goes on"), {}
+    if isinstance(done, Done):
+        return Result(True, done.message), done.extra
+    return Result(True, done), {}
 
 
 def state_of(mon: Monitor) -> str:

@@ -4,7 +4,7 @@ for a while after it.
 
 - Every collected step's per-parameter gradient norms (``collect.collector``'s
   ``param_norms``) go into a ``diagnose.blame.NormRing``: a copy of P floats.
-- An alert of ``config.blame.BLAME_KINDS`` (on ``train/loss`` or ``train/grad_norm``
+- An alert of ``config.cards.BLAME_KINDS`` (on ``train/loss`` or ``train/grad_norm``
   for ``rising_trend``) gets ``blame``: the parameters that rose first and most
   (``diagnose.blame.blame``), also as a "started in: ..." suffix to its message, so the
   panel's alert line and the viewer's alert list show it as they show the message.
@@ -26,7 +26,8 @@ import numpy as np
 
 from msmon_nb.collect.tensors import to_numpy
 from msmon_nb.collect.values import param_tag
-from msmon_nb.config.blame import BLAME_KINDS, blame_on, resolve_blame
+from msmon_nb.config.blame import blame_on, resolve_blame
+from msmon_nb.config.cards import BLAME_KINDS
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.blame import NormRing, blame, describe
 from msmon_nb.metrics.norms import sum_of_squares

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from msmon_nb.collect import checkpoint as checkpoints
+from msmon_nb.collect import lrscale
 from msmon_nb.collect.collector import StepCollector, expected_tags
 from msmon_nb.collect.comm import attach
 from msmon_nb.collect.guard import Guard
@@ -35,7 +37,8 @@ from msmon_nb.monitor.controls import interpret
 from msmon_nb.monitor.opening import close_marker, open_run
 from msmon_nb.monitor.outlet import Outlet
 from msmon_nb.monitor.rankwatch import RankWatcher
-from msmon_nb.monitor.records import RunRecords
+from msmon_nb.monitor.records import RunRecords, intervention
+from msmon_nb.rundir import CHECKPOINTS
 from msmon_nb.rundir.control import ControlError, ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
@@ -81,6 +84,9 @@ class Monitor:
         self._actions: Actions | None = None
         self._rankwatch: RankWatcher | None = None
         self._callbacks: list[weakref.ref] = []  # the Model.train callbacks made here
+        # what the ways in know the loop trains (``trains``): for checkpoint and lr xF
+        self._network: Callable[[], Any] = _none
+        self._optimizer: Callable[[], Any] = _none
         if not self.enabled:
             return
         try:
@@ -192,6 +198,8 @@ class Monitor:
         """
         for tag in metrics:
             check_tag(tag, "mon.step() metric")
+        if optimizer is not None:
+            self.trains(optimizer=optimizer)  # what checkpoint saves and lr xF scales
         if step is not None:
             self.step_count = int(step)
         self.collector.mark_start()
@@ -278,6 +286,63 @@ class Monitor:
         if self.boundary_state.ask_stop(reason):
             self._marker["stop_reason"] = reason
             print(f"msmon: stopping: {reason}", flush=True)
+
+    def trains(self, network: Any = None, optimizer: Any = None) -> None:
+        """A way in tells what the loop trains: its train network (``Model.train``'s,
+        a train cell a watched loop calls) and its optimizer (held weakly: the monitor
+        keeps nobody's model alive). What ``checkpoint`` saves and ``lr xF`` scales."""
+        if network is not None and self._network() is not network:
+            self._network = _ref(network)
+        if optimizer is not None and self._optimizer() is not optimizer:
+            self._optimizer = _ref(optimizer)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Save the known network and optimizer state now (call it at a step boundary:
+        the command interpreter and the alert action do) into
+        ``<write dir>/checkpoints/step_<last step>.ckpt`` with ``mindspore.save_checkpoint``
+        (``collect.checkpoint``); ``{step, path, bytes, params}``. ``ValueError`` saying
+        why when there is nowhere to save or nothing known to save."""
+        if self.write_dir is None:
+            raise ValueError("this run writes nothing to disk (disabled, or its dir failed)")
+        if self.last_step is None:
+            raise ValueError("no step has finished yet; checkpoint after the first step")
+        step = self.last_step
+        path = self.write_dir / CHECKPOINTS / f"step_{step}.ckpt"
+        params, size = checkpoints.save(self._network(), self._optimizer(), path)
+        return {"step": step, "path": str(path), "bytes": size, "params": params}
+
+    def scale_lr(self, factor: float) -> str:
+        """Multiply the known optimizer's lr by ``factor`` from the next step on, where
+        that is exact (``collect.lrscale``); what changed. ``ValueError`` saying why not
+        (a ``LearningRateSchedule`` cell, no optimizer known): nothing is changed then."""
+        done = lrscale.scale_lr(self._optimizer(), factor)
+        first = done[0]
+        groups = f" ({len(done)} lr Parameters)" if len(done) > 1 else ""
+        return f"lr x{factor:g}: {first[1]:.6g} -> {first[2]:.6g}{groups} from the next step on"
+
+    def intervene(
+        self,
+        what: str,
+        arg: Any,
+        who: str,
+        ok: bool,
+        message: str,
+        at: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Record one intervention (a command or an alert action that changes training)
+        at step ``at`` (default: the last step finished): ``interventions.jsonl`` and the
+        panel's markers (``monitor.records``)."""
+        rank = self.ranks.rank if self.ranks.distributed else None
+        step = self.last_step if at is None else at
+        entry = intervention(step, who, what, arg, ok, message, rank, **extra)
+        self.records.intervention(entry)
+        return entry
+
+    @property
+    def interventions(self) -> list[dict[str, Any]]:
+        """This run's interventions so far (this process's), oldest first."""
+        return self.records.interventions
 
     @property
     def stop_requested(self) -> bool:
@@ -390,7 +455,7 @@ class Monitor:
     def boundary(self, raise_stop: bool) -> bool:
         """Run the step-boundary controls (``monitor.boundary``); True when the loop must
         stop (with ``raise_stop``, ``StopTraining`` is raised instead)."""
-        if self._actions is not None and self._actions.pending_debug is not None:
+        if self._actions is not None and self._actions.pending():
             self._actions.at_boundary()  # a debugger session is the user's: not guarded
         state = self.boundary_state
         state.poll(self, self._obey)
@@ -416,3 +481,15 @@ class Monitor:
         if not result.ok:
             raise ControlError(result.message)
         return result.message
+
+
+def _none() -> Any:
+    return None
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` where it takes one, else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj

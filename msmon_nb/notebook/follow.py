@@ -53,7 +53,7 @@ class Follower:
         run.refresh()
         series, alerts = run_series(run)
         panel = self.panel
-        panel.set_data(series, alerts, run.snapshots)
+        panel.set_data(series, alerts, run.snapshots, run.interventions)
         panel.state = "following" if run.status == "running" else run.status
         panel.send()
         self.updates += 1

@@ -125,6 +125,7 @@ class Panel:
         self.costs = {"pump": 0.0, "send": 0.0}  # parts of kernel_time, for bench/panel.py
         self._series: Mapping[str, Any] = {}
         self._alerts: list[Any] = []
+        self._interventions: list[dict[str, Any]] = []  # drawn as marks on every chart
         self._snapshots: list[Any] = []
         self._charts: list[dict[str, Any]] = []
         self._chart_keys: list[str] = []
@@ -132,6 +133,7 @@ class Panel:
         self._charts_changed = False
         self._must_reset = False
         self._alerts_sent = -1
+        self._interventions_sent = -1
         self._snapshots_sent = -1
         self._started = clock()
         self._displayed_at: float | None = None
@@ -166,14 +168,17 @@ class Panel:
         series: Mapping[str, Any],
         alerts: list[Any] | None = None,
         snapshots: list[Any] | None = None,
+        interventions: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Show ``series`` (key -> object with ``steps``/``values``), alerts, snapshots."""
+        """Show ``series`` (key -> object with ``steps``/``values``), alerts, snapshots
+        and interventions (``Run.interventions``)."""
         with self._lock:
             if self.stream.shrank(series):  # re-read after its steps restarted
                 self._must_reset = True
             self._series = series
             self._alerts = list(alerts or [])
             self._snapshots = list(snapshots or [])
+            self._interventions = list(interventions or [])
 
     def attach(self, monitor: Monitor, pump: Any = None) -> None:
         """Follow ``monitor``: send updates and handle page messages at its step boundaries."""
@@ -246,6 +251,7 @@ class Panel:
             if self._ack_overdue(now):
                 self._start_fallback()
             self._alerts = monitor.alerts
+            self._interventions = monitor.interventions
             self._snapshots = monitor.snapshots
             self.send()
             if not self.acked and (now >= self._next_state or self._state_charts != self._charts):
@@ -360,6 +366,9 @@ class Panel:
         if reset or len(self._alerts) != self._alerts_sent:
             self._alerts_sent = len(self._alerts)
             msg["alerts"] = [alert_dict(a) for a in self._alerts]
+        if reset or len(self._interventions) != self._interventions_sent:
+            self._interventions_sent = len(self._interventions)
+            msg["interventions"] = jsonable([dict(i) for i in self._interventions])
         if reset or len(self._snapshots) != self._snapshots_sent:
             self._snapshots_sent = len(self._snapshots)
             # the page draws the table and its histograms (chart.js's histogramSVG)
@@ -377,9 +386,19 @@ class Panel:
             # MAX_STATE_BYTES of points, shared by the series (at least 64 points each)
             points = max(64, MAX_STATE_BYTES // 16 // max(1, len(self._chart_keys)))
             # what the live updates have yet to carry stays theirs to carry
-            sent = self._charts_changed, self._alerts_sent, self._snapshots_sent
+            sent = (
+                self._charts_changed,
+                self._alerts_sent,
+                self._interventions_sent,
+                self._snapshots_sent,
+            )
             msg, chunk = self._message(reset=True, stream=PointStream(points, points))
-            self._charts_changed, self._alerts_sent, self._snapshots_sent = sent
+            (
+                self._charts_changed,
+                self._alerts_sent,
+                self._interventions_sent,
+                self._snapshots_sent,
+            ) = sent
             state = {**self._with_points(msg, chunk), "seq": self.messages}
             self._state_charts = self._charts
         with self.widget.hold_sync():  # one update message: the fields with their points
@@ -433,6 +452,7 @@ class Panel:
         self.detach()
         if self.monitor is not None:
             self._alerts = self.monitor.alerts
+            self._interventions = self.monitor.interventions
             self._snapshots = self.monitor.snapshots
         self.send()
         if self.outbox is not None:

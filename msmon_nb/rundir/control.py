@@ -57,31 +57,40 @@ class ControlError(ValueError):
 @dataclass(frozen=True)
 class Argument:
     """What a command's argument is: a number of ``kind`` (``int`` or ``float``), at least
-    ``minimum``; ``name`` is how usage lines and pages call it (``freq N``); ``example``
-    is shown in errors and is where a page's field starts."""
+    ``minimum`` (above it when ``above``: a factor of 0 is no factor); ``name`` is how
+    usage lines and pages call it (``freq N``); ``example`` is shown in errors and is
+    where a page's field starts; ``prefixes`` may stand before the number and are
+    dropped (``lr x0.5`` and ``lr ×0.5`` read as 0.5)."""
 
     name: str
     kind: type
     minimum: float
     example: float
+    above: bool = False
+    prefixes: str = ""
 
     def parse(self, command: str, value: Any) -> int | float:
         """``value`` (a number, or its text from a command line) as ``kind``, else a
         ``ControlError`` that names the problem and shows a valid form."""
         whole = self.kind is int
-        wanted = "a whole number" if whole else "a number"
-        example = f"{command} {self.example:g}"
+        bound = f"> {self.minimum:g}" if self.above else f">= {self.minimum:g}"
+        wanted = "a whole number" if whole else "a finite number"
+        example = f"{command} {self.prefixes[:1]}{self.example:g}"
         text = str(value).strip()
+        if self.prefixes and text[:1] in self.prefixes:
+            text = text[1:].strip()
         try:
             if isinstance(value, bool) or value is None:
                 raise ValueError
             number = int(text) if whole else float(text)
         except ValueError:
             number = None
-        if number is None or number != number or number < self.minimum:  # NaN too
-            raise ControlError(
-                f"{command} needs {wanted} >= {self.minimum:g} (e.g. {example}), got {value!r}"
-            )
+        low = number is not None and (
+            number <= self.minimum if self.above else number < self.minimum
+        )
+        # NaN fails number != number; inf is no factor either
+        if number is None or number != number or low or abs(number) == float("inf"):
+            raise ControlError(f"{command} needs {wanted} {bound} (e.g. {example}), got {value!r}")
         return number
 
     def to_json(self) -> dict[str, Any]:
@@ -89,7 +98,9 @@ class Argument:
             "name": self.name,
             "kind": self.kind.__name__,
             "min": self.minimum,
+            "above": self.above,
             "example": self.example,
+            "prefixes": self.prefixes,
         }
 
 
@@ -98,13 +109,20 @@ class CommandSpec:
     """One command: its name (as typed after ``msmon ctl RUN_DIR``), the label of its
     control in the pages, its argument (None: it takes none), what it does, and the
     state in which a page offers it (``when``: ``"running"``, ``"paused"``, or None for
-    always), so that Pause and Resume share one place on the panel."""
+    always), so that Pause and Resume share one place on the panel. ``recorded``: the
+    command changes training (or what is recorded of it), so each use is an
+    intervention, kept in the run's ``interventions.jsonl`` and drawn on its charts; a
+    snapshot only reads. ``button``: a command with an argument that acts anew each time
+    it is sent (``lr x0.5`` halves again): the pages send it from a button next to its
+    field, never on each change of the field (``freq N`` is sent as the field changes)."""
 
     name: str
     label: str
     help: str
     arg: Argument | None = None
     when: str | None = None
+    recorded: bool = True
+    button: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The command as the pages receive it (panel trait, ``/api/info``)."""
@@ -114,6 +132,8 @@ class CommandSpec:
             "help": self.help,
             "arg": None if self.arg is None else self.arg.to_json(),
             "when": self.when,
+            "recorded": self.recorded,
+            "button": self.button,
         }
 
 
@@ -127,9 +147,28 @@ FREQ = CommandSpec(
     Argument("N", int, 1, 10),
 )
 SNAPSHOT = CommandSpec(
-    "snapshot", "Snapshot", "summarise the watched parameters and gradients at the next step"
+    "snapshot",
+    "Snapshot",
+    "summarise the watched parameters and gradients at the next step",
+    recorded=False,
 )
-SPECS: dict[str, CommandSpec] = {spec.name: spec for spec in (PAUSE, RESUME, STOP, FREQ, SNAPSHOT)}
+CHECKPOINT = CommandSpec(
+    "checkpoint",
+    "Checkpoint",
+    "save the network and optimizer state at the next step boundary (mindspore."
+    "save_checkpoint, into the run's checkpoints/step_<n>.ckpt)",
+)
+LR = CommandSpec(
+    "lr",
+    "lr \u00d7",
+    "scale the learning rate by F from the next step on (a constant or list lr; "
+    "lr x2 undoes lr x0.5 exactly)",
+    Argument("xF", float, 0.0, 0.5, above=True, prefixes="x\u00d7*"),
+    button=True,
+)
+SPECS: dict[str, CommandSpec] = {
+    spec.name: spec for spec in (PAUSE, RESUME, STOP, FREQ, SNAPSHOT, CHECKPOINT, LR)
+}
 COMMANDS = tuple(SPECS)
 
 
@@ -139,7 +178,7 @@ def command_list() -> list[dict[str, Any]]:
 
 
 def usage() -> str:
-    """The commands as a usage line: ``pause|resume|stop|freq N|snapshot``."""
+    """The commands as a usage line: ``pause|resume|stop|freq N|snapshot|checkpoint|lr xF``."""
     return "|".join(
         spec.name if spec.arg is None else f"{spec.name} {spec.arg.name}" for spec in SPECS.values()
     )

@@ -22,6 +22,10 @@ from typing import Any
 MARKER = "msmon_run.json"
 ALERTS = "alerts.jsonl"  # one JSON object per alert, appended by the monitor
 SNAPSHOTS = "snapshots.jsonl"  # one JSON object per tensor snapshot (its data is in the events)
+# one JSON object per intervention (a command or an alert action that changes training)
+INTERVENTIONS = "interventions.jsonl"
+CHECKPOINTS = "checkpoints"  # the ``checkpoint`` command's files: step_<n>.ckpt
+CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
 CONFIG_BACKUP = "config_backup"
 # the overview EventWriter keeps while it writes (events.overview): rows, and their index
 OVERVIEW_DATA = "msmon_overview.bin"
@@ -94,6 +98,39 @@ def run_files(path: Path) -> list[tuple[Path, int]]:
             except OSError:
                 continue
     return found
+
+
+def checkpoint_files(run_dir: Path) -> list[dict[str, Any]]:
+    """The checkpoints the ``checkpoint`` command wrote into a run (every rank's
+    ``checkpoints/step_<n>.ckpt``): ``{rank, step, path, bytes, time}`` by step, then
+    rank (rank None for a single-process run)."""
+    dirs: list[tuple[int | None, Path]] = [(None, run_dir)]
+    dirs += list(rank_dirs(run_dir).items())
+    out = []
+    for rank, where in dirs:
+        try:
+            entries = list(os.scandir(where / CHECKPOINTS))
+        except OSError:
+            continue
+        for entry in entries:
+            match = CHECKPOINT_RE.match(entry.name)
+            if match is None:
+                continue
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            step = int(match.group(1))
+            out.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "path": entry.path,
+                    "bytes": st.st_size,
+                    "time": st.st_mtime,
+                }
+            )
+    return sorted(out, key=lambda c: (c["step"], -1 if c["rank"] is None else c["rank"]))
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:

@@ -12,13 +12,16 @@
 // Test contract (both pages): each chart element carries data-msmon-tag (its first tag;
 // further tags on hidden .msmon-tagmark children) and data-last-step (the last step drawn
 // for that tag), data-scale (log | linear), data-zoomed, data-points, data-nonfinite and
-// data-version; `element.msmonChart.drawn()` returns what is drawn.
+// data-version; `element.msmonChart.drawn()` returns what is drawn (its `marks` are the
+// interventions, each with `left`, where its line is); data-mark-step names the
+// intervention whose text the hover tip (.msmon-mark-tip) shows.
 
 const MSMON_CAP = 4000; // points a live series keeps before halving them (panel)
 const MSMON_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
   "#17becf", "#bcbd22", "#7f7f7f", "#d62728"];
 const MSMON_SEVERITY = { critical: "#b71c1c", warning: "#e65100", info: "#1565c0" };
 const MSMON_BAND = "rgba(120,120,120,0.6)";
+const MSMON_INTERVENTION = "#6a1b9a"; // the marks of interventions (checkpoint, lr, pause...)
 
 function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -127,6 +130,17 @@ function alertTag(a) {
   return a.tag || null;
 }
 
+// An intervention (a command or an alert action that changed training, from the run's
+// interventions.jsonl) as a chart mark: {step, label, text}; the label names what was done
+// (the record's own, e.g. `lr x0.5`), the text says who did it and what came of it (shown
+// on hover). Refused ones changed nothing: null, not drawn.
+function interventionMark(i) {
+  if (!i || !i.ok || i.step == null) return null;
+  const label = String(i.label || i.what || "?");
+  const rank = i.rank == null ? "" : ` (rank ${i.rank})`;
+  return { step: i.step, label, text: `step ${i.step}${rank}, ${i.who}: ${i.message || label}` };
+}
+
 // One chart. `spec`: {title, tags, log}. `onZoom(range | null)`: called after a box zoom
 // ([x0, x1]) or a double-click reset (null); without it the chart zooms in place and new
 // points leave a zoomed view alone.
@@ -134,7 +148,9 @@ function alertTag(a) {
 // set(series, view) draws: series = [{label, tag, color, xs, ys, nonfinite: [[step, kind]],
 // band: "lo" | "hi" (the two edges of a shaded band, never smoothed), width, dash}];
 // view = {smooth: 0..0.99, scale: "auto" | "log" | "linear", alerts: [{step, severity,
-// label, tag}], width, fit}. `fit` (default true unless zoomed) rescales the axes to the data.
+// label, tag}], marks: [{step, label, text}] (interventions: on every chart, their text
+// shown when the cursor is on one), width, fit}. `fit` (default true unless zoomed)
+// rescales the axes to the data.
 class MsmonChart {
   constructor(spec, onZoom = null, height = 190) {
     this.spec = spec;
@@ -149,12 +165,15 @@ class MsmonChart {
     this.titleEl = h("div", { class: "msmon-chart-title", text: spec.title });
     this.box = h("div", { class: "msmon-chart-box" });
     this.empty = h("div", { class: "msmon-empty", text: "waiting for data" });
-    this.el.append(this.titleEl, this.box, this.empty, ...this.marks);
+    // the hovered intervention's text (data-mark-step says which)
+    this.tip = h("div", { class: "msmon-mark-tip" });
+    this.tip.hidden = true;
+    this.el.append(this.titleEl, this.box, this.empty, this.tip, ...this.marks);
     this.plot = null;
     this.builtFor = "";
     this.zoomed = null; // [x0, x1] while box-zoomed
     this.series = [];
-    this.view = { smooth: 0, scale: "auto", alerts: [] };
+    this.view = { smooth: 0, scale: "auto", alerts: [], marks: [] };
     this.version = 0;
   }
 
@@ -241,6 +260,7 @@ class MsmonChart {
       hooks: {
         setSelect: [(u) => chart.selected(u)],
         draw: [(u) => chart.decorate(u)],
+        setCursor: [(u) => chart.hover(u.cursor.left)],
       },
     };
     this.plot = new uPlot(opts, this.columns(), this.box);
@@ -327,7 +347,42 @@ class MsmonChart {
         ctx.fillText(a.label, px + 3, top + 20 * devicePixelRatio);
       }
     }
+    // interventions: a solid line with a triangle on the bottom edge and what was done
+    ctx.setLineDash([]);
+    ctx.strokeStyle = ctx.fillStyle = MSMON_INTERVENTION;
+    for (const m of this.view.marks || []) {
+      const px = x(m.step);
+      const bottom = top + height;
+      const t = 5 * devicePixelRatio;
+      ctx.beginPath();
+      ctx.moveTo(px, top);
+      ctx.lineTo(px, bottom);
+      ctx.stroke();
+      ctx.beginPath();
+      ctx.moveTo(px, bottom - t);
+      ctx.lineTo(px - t, bottom);
+      ctx.lineTo(px + t, bottom);
+      ctx.fill();
+      ctx.fillText(m.label, px + 3, bottom - 8 * devicePixelRatio);
+    }
     ctx.restore();
+  }
+
+  // The intervention under the cursor (within 5 px of its line): its text in the tip.
+  hover(left) {
+    const u = this.plot;
+    let best = null;
+    if (u && left != null && left >= 0) {
+      for (const m of this.view.marks || []) {
+        const d = Math.abs(u.valToPos(m.step, "x") - left);
+        if (d <= 5 && (!best || d < best.d)) best = { d, m };
+      }
+    }
+    this.tip.hidden = !best;
+    if (!best) { delete this.el.dataset.markStep; return; }
+    this.tip.textContent = best.m.text;
+    this.tip.style.left = `${Math.max(0, u.over.offsetLeft + left + 6)}px`;
+    this.el.dataset.markStep = String(best.m.step);
   }
 
   alertsHere() {
@@ -354,6 +409,9 @@ class MsmonChart {
         .map((s) => ({ label: s.label, marks: s.nonfinite })),
       alerts: this.alertsHere().map((a) => ({ step: a.step, label: a.label || "",
         severity: a.severity })),
+      // interventions, with where each line is (CSS px from the plot area's left edge)
+      marks: (this.view.marks || []).map((m) => ({ step: m.step, label: m.label, text: m.text,
+        left: this.plot ? this.plot.valToPos(m.step, "x") : null })),
       scale: this.isLog() ? "log" : "linear",
       xRange: this.plot ? [this.plot.scales.x.min, this.plot.scales.x.max] : null,
     };

@@ -193,11 +193,14 @@ def _band(merged: Any, start: int | None, end: int | None, max_points: int) -> d
 
 def _per_run(store: RunStore, query: Mapping[str, list[str]], what: str) -> Any:
     name = _one(query, "run")
+    readers = {
+        "alerts": lambda n: [with_chart(a) for a in store.alerts(n)],
+        "snapshots": store.snapshots,
+        "interventions": store.interventions,
+        "checkpoints": store.checkpoints,
+    }
     try:
-        if what == "alerts":
-            items = [with_chart(alert) for alert in store.alerts(name)]
-        else:
-            items = store.snapshots(name)
+        items = readers[what](name)
     except UnknownRun:
         raise ApiError(404, f"no run {name!r} under {store.base}") from None
     return jsonable(items)
@@ -214,10 +217,24 @@ def snapshots(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     return _per_run(store, query, "snapshots")
 
 
+def interventions(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """What was done to the run while it trained (commands and alert actions that change
+    training), every rank's, by time: ``step``, ``time``, ``who``, ``what``, ``arg``,
+    ``ok``, ``message``, ``rank``."""
+    return _per_run(store, query, "interventions")
+
+
+def checkpoints(store: RunStore, query: Mapping[str, list[str]]) -> Any:
+    """The run's saved checkpoints: ``rank``, ``step``, ``path``, ``bytes``, ``time``."""
+    return _per_run(store, query, "checkpoints")
+
+
 ROUTES: dict[str, Callable[[RunStore, Mapping[str, list[str]]], Any]] = {
     "/api/runs": runs,
     "/api/charts": charts,
     "/api/scalars": scalars,
     "/api/alerts": alerts,
     "/api/snapshots": snapshots,
+    "/api/interventions": interventions,
+    "/api/checkpoints": checkpoints,
 }

@@ -37,8 +37,10 @@ from msmon_nb.events.rankmerge import Merged, merge_blocks, merge_ranks
 from msmon_nb.events.runs import Run
 from msmon_nb.rundir import (
     ALERTS,
+    INTERVENTIONS,
     MARKER,
     SNAPSHOTS,
+    checkpoint_files,
     is_summary_file,
     rank_dirs,
     read_jsonl,
@@ -343,6 +345,23 @@ class RankedRun:
                 alert.setdefault("rank", rank)
                 out.append(alert)
         return out
+
+    @property
+    def interventions(self) -> list[dict[str, Any]]:
+        """Every rank's interventions (``interventions.jsonl``), each with its ``rank``,
+        by time (as ``Run.interventions``)."""
+        out = []
+        for rank, path in rank_dirs(self.path).items():
+            for item in read_jsonl(path / INTERVENTIONS):
+                if item.get("rank") is None:
+                    item["rank"] = rank
+                out.append(item)
+        return sorted(out, key=lambda item: float(item.get("time") or 0.0))
+
+    @property
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Every rank's saved checkpoints, by step (as ``Run.checkpoints``)."""
+        return checkpoint_files(self.path)
 
     @property
     def snapshots(self) -> list[dict[str, Any]]:

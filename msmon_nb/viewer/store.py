@@ -30,7 +30,7 @@ from msmon_nb.diagnose.rankrules import with_cross_rank
 from msmon_nb.events.index import RunIndex, RunInfo
 from msmon_nb.events.rankmerge import Merged, merge_ranks
 from msmon_nb.events.runs import Run
-from msmon_nb.rundir import ALERTS, SNAPSHOTS, per_rank_files
+from msmon_nb.rundir import ALERTS, INTERVENTIONS, SNAPSHOTS, per_rank_files
 from msmon_nb.viewer.crossrank import CrossRankAlerts
 from msmon_nb.viewer.rankmerge import RankedRun, RankView, is_ranked
 
@@ -263,6 +263,15 @@ class RunStore:
         self.cross_rank.wait(name, CROSS_RANK_WAIT)
         return sorted(with_cross_rank(own, self.cross_rank.get(name)), key=_step_key)
 
+    def interventions(self, name: str) -> list[dict[str, Any]]:
+        """What was done to the run (every rank's ``interventions.jsonl``), by time: read
+        from disk each time, like the own alerts (small, appended files)."""
+        return self._entry(name).run.interventions
+
+    def checkpoints(self, name: str) -> list[dict[str, Any]]:
+        """The run's saved checkpoints (every rank's), by step, with their sizes."""
+        return self._entry(name).run.checkpoints
+
     def snapshots(self, name: str) -> list[dict[str, Any]]:
         """The run's tensor snapshots with their stats and histograms."""
         entry = self.run(name)
@@ -333,9 +342,10 @@ def _step_key(alert: dict[str, Any]) -> int:
 
 
 def _side_signature(run_dir: Path) -> tuple:
-    """Sizes and mtimes of the run's alerts and snapshots files (all ranks)."""
+    """Sizes and mtimes of the run's alerts, snapshots and interventions files (all
+    ranks): a change is announced as an ``alerts`` event."""
     sig = []
-    for name in (ALERTS, SNAPSHOTS):
+    for name in (ALERTS, SNAPSHOTS, INTERVENTIONS):
         for path in per_rank_files(run_dir, name):
             try:
                 st = path.stat()

@@ -14,7 +14,7 @@ import pytest
 from mindspore import nn
 from mindspore.train import Callback, Model
 
-from msmon_nb.config.blame import BLAME_KINDS
+from msmon_nb.config.cards import BLAME_KINDS
 from msmon_nb.monitor import Monitor
 from tests.support import tiny
 from tests.support.blamecase import Penalised

@@ -185,6 +185,12 @@ def test_watched_loop_stops_after_n_skips_in_a_row(tmp_path):
     assert run.status == "stopped"
     marker = json.loads((mon.write_dir / "msmon_run.json").read_text())
     assert marker["stop_reason"].startswith("3 updates skipped in a row (limit 3): grad_norm")
+    # each skip and the stop it led to are interventions of the alert action
+    acts = [(i["step"], i["who"], i["what"], i["arg"]) for i in run.interventions]
+    assert acts == [
+        *((s, "alert action", "skip", "grad_explosion") for s in (2, 4, 5, 6)),
+        (6, "alert action", "stop", "grad_explosion"),
+    ]
 
 
 class StateProbe(Callback):

@@ -117,6 +117,10 @@ def test_yaml_exponents_without_a_dot_are_numbers():
 
 
 def test_actions():
-    assert ACTIONS == ("warn", "snapshot", "stop", "debug", "skip")
+    assert ACTIONS == ("warn", "snapshot", "stop", "debug", "skip", "checkpoint")
     for action in ACTIONS:  # nonfinite accepts skip too (tests/collect/test_skip.py)
         assert resolve_settings({"nonfinite": {"action": action}})["nonfinite"]["action"] == action
+    # a typo is named with the closest action, checkpoint among them
+    with pytest.raises(ConfigError, match=r"did you mean 'checkpoint'.*checkpoint"):
+        resolve_settings({"loss_spike": {"action": "checkpont"}})
+    assert resolve_settings({"action": "checkpoint"})["loss_divergence"]["action"] == "checkpoint"

@@ -26,7 +26,8 @@ def test_every_command_of_the_table_has_one_handler_and_travels_as_json():
     assert set(HANDLERS) == set(SPECS.values())
     assert tuple(spec["name"] for spec in command_list()) == COMMANDS
     assert json.loads(json.dumps(command_list())) == command_list()
-    assert usage() == "pause|resume|stop|freq N|snapshot"  # msmon ctl's documented form
+    # msmon ctl's documented form
+    assert usage() == "pause|resume|stop|freq N|snapshot|checkpoint|lr xF"
 
 
 def test_each_command_acts_answers_and_is_refused_once_stopping(tmp_path):
@@ -74,7 +75,7 @@ def test_each_command_acts_answers_and_is_refused_once_stopping(tmp_path):
         ("freq", "2.5", "freq needs a whole number >= 1"),
         ("freq", True, "freq needs a whole number >= 1"),
         ("pause", 3, "pause takes no argument (got 3)"),
-        ("jump", None, "unknown command 'jump'; use one of: pause, resume, stop, freq N, snapshot"),
+        ("jump", None, "unknown command 'jump'; use one of: pause, resume, stop, freq N, snap"),
         (None, None, "unknown command None"),
     ],
 )
@@ -136,9 +137,11 @@ def test_the_line_magic_goes_through_the_interpreter(tmp_path, capsys):
 OTHER_VOCABULARIES = {
     "msmon_nb/__init__.py": {"snapshot"},  # mm.snapshot, a lazy export
     "msmon_nb/monitor/__init__.py": {"snapshot"},  # its __all__
-    "msmon_nb/config/alerts.py": {"stop", "snapshot"},  # alert actions (action: stop)
-    "msmon_nb/monitor/actions.py": {"stop", "snapshot"},  # the same actions, carried out
+    # alert actions (action: stop)
+    "msmon_nb/config/alerts.py": {"stop", "snapshot", "checkpoint"},
+    "msmon_nb/monitor/actions.py": {"stop", "snapshot", "checkpoint"},  # carried out
     "msmon_nb/config/model.py": {"snapshot"},  # the monitor_config key
+    "msmon_nb/expr.py": {"lr"},  # break_on's name for the learning rate
 }
 TABLE = "msmon_nb/rundir/control.py"
 

@@ -427,3 +427,73 @@ def test_a_pause_from_msmon_ctl_shows_in_the_panel_and_snapshot_is_a_button(tmp_
     steps = sorted({e["step"] for e in run.snapshots})
     assert len(steps) == 2 and steps[0] == held and steps[1] > held, steps
     assert {e["reason"] for e in run.snapshots} == {"ctl (panel)"}
+
+
+CKPT_TRAIN = """%%msmonitor --dir summary --run live
+losses = []
+for step in range(300):
+    loss, grads = grad_fn(x, y)
+    opt(grads)
+    losses.append(float(loss.asnumpy()))
+    time.sleep(0.02)
+"""
+
+# fresh objects take the checkpoint and go on: the same losses and weights as the run
+RESTORE = """import json
+from msmon_nb.events.runs import load_run
+[entry] = [i for i in load_run("summary/live").interventions if i["what"] == "checkpoint"]
+k = entry["step"]
+net2 = nn.SequentialCell([nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 2)])
+opt2 = nn.Momentum(net2.trainable_params(), lr, 0.9)
+saved = ms.load_checkpoint(entry["path"])
+missing = ms.load_param_into_net(net2, saved)[0] + ms.load_param_into_net(opt2, saved)[0]
+grad2 = ms.value_and_grad(lambda a, b: loss_fn(net2(a), b), None, opt2.parameters)
+more = []
+for step in range(k + 1, 300):
+    l2, g2 = grad2(x, y)
+    opt2(g2)
+    more.append(float(l2.asnumpy()))
+weights = [(a.asnumpy(), b.asnumpy()) for a, b in zip(net.get_parameters(), net2.get_parameters())]
+with open("restored.json", "w") as f:
+    json.dump({"k": k, "who": entry["who"], "missing": missing, "n": len(more),
+               "same_losses": more == losses[k + 1:],
+               "same_weights": all(np.array_equal(a, b) for a, b in weights)}, f)
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_the_panel_while_the_cell_runs_restores_bit_identically(tmp_path):
+    """The panel's Checkpoint button (from the kernel's command table) saves the network
+    and optimizer at a step boundary while the cell trains: acknowledged in the panel,
+    drawn as a mark on every chart, and loaded into a fresh net and optimizer that go on
+    with exactly the losses and weights of the uninterrupted run."""
+    write_notebook(tmp_path / "ckpt.ipynb", [SETUP, CKPT_TRAIN, RESTORE])
+    with jupyter_page(tmp_path, "ckpt.ipynb") as page:
+        run_all(page)
+        page.wait_for_function(
+            f"Number(document.querySelector('{CHART}')?.dataset.lastStep) > 20",
+            timeout=120_000,
+        )
+        click(page, "Checkpoint")
+        page.wait_for_function(
+            "document.querySelector('.msmon-result').textContent.startsWith('checkpoint of')",
+            timeout=10_000,
+        )
+        answer = page.locator(".msmon-result").inner_text()
+        marks = (
+            "[...document.querySelectorAll('.msmon-panel .msmon-chart')]"
+            ".map(e => e.msmonChart.drawn().marks.map(m => [m.step, m.label]))"
+        )
+        page.wait_for_function(f"{marks}.every(m => m.length === 1)", timeout=10_000)
+        per_chart = page.evaluate(marks)
+        page.wait_for_function(cell_done_js(2), timeout=120_000)
+    restored = json.loads((tmp_path / "restored.json").read_text())
+    k = restored["k"]
+    assert answer.startswith(f"checkpoint of step {k} saved: "), answer
+    assert len(per_chart) >= 3 and all(m == [[k, "checkpoint"]] for m in per_chart), per_chart
+    assert restored["who"] == "panel" and restored["missing"] == []
+    assert 20 < k < 299 and restored["n"] == 299 - k
+    assert restored["same_losses"] and restored["same_weights"], restored
+    run = load_run(tmp_path / "summary" / "live")
+    assert run.status == "finished"
+    assert [(c["step"], c["rank"]) for c in run.checkpoints] == [(k, None)]

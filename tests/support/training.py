@@ -58,3 +58,54 @@ def training_script(base: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def model_train_under_ctl(
+    base: Path, steps: int, lr: list[float], ctl: list[str], at: int = 5, then: list | None = None
+):
+    """A ``Model.train`` run (Momentum, list lr ``lr``) monitored in this process, with
+    ``msmon ctl RUN *ctl`` sent from a real process of its own at step ``at`` (and
+    ``msmon ctl RUN *then`` once it answered); the steps wait a little until it answered
+    (the monitor reads the control file at step boundaries). (the monitor, the
+    optimizer, ctl's stdout and stderr, ctl's exit code)."""
+    import mindspore.dataset as mds
+    from mindspore import nn
+    from mindspore.train import Callback, Model
+
+    from msmon_nb.monitor import Monitor
+    from tests.support import tiny
+
+    def start(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "msmon_nb.cli", "ctl", str(mon.run_dir), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+
+    class Pace(Callback):
+        proc: subprocess.Popen | None = None
+        first: subprocess.Popen | None = None
+
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == at:
+                self.proc = self.first = start(ctl)
+            if self.proc is not None and self.proc.poll() is None:
+                time.sleep(0.05)
+            elif then and self.proc is self.first and self.proc is not None:
+                self.proc = start(then)
+
+    x, y = tiny.data(n=32 * steps)
+    data = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(32)
+    net = tiny.mlp()
+    opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
+    model = Model(net, loss_fn=tiny.loss_fn(), optimizer=opt)
+    pace = Pace()
+    with Monitor(save_dir=str(base), run_name="acted", log_interval=1) as mon:
+        model.train(1, data, callbacks=[mon.callback(), pace], dataset_sink_mode=False)
+    out, err = pace.first.communicate(timeout=60)
+    if pace.proc is not pace.first:
+        more, more_err = pace.proc.communicate(timeout=60)
+        out, err = out + more, err + more_err
+    return mon, opt, out + err, pace.first.returncode

@@ -11,13 +11,15 @@
 //
 // Protocol (kernel -> page): {type: "reset" | "append", status, charts?, keys: [key],
 //   counts: [n], nonfinite: {key: [[step, "nan" | "inf" | "-inf"]]}, alerts?,
-//   snapshots?: [{step, name, label, reason, shape, dtype, stats, histogram}], seq} with one buffer of float64: n steps then n values, key after
+//   interventions?: [{step, time, who, what, arg, label, ok, message, rank}] (drawn as
+//   marks on every chart), snapshots?: [{step, name, label, reason, shape, dtype, stats, histogram}], seq} with one buffer of float64: n steps then n values, key after
 //   key; synced state `initial` (+ `initial_data`): a whole reset holding updates up to
 //   its `seq` (kept current while no hello came through, see render()).
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
 //   acknowledgement that our code loaded), and a control: {type: NAME, id} or, for a
 //   command with an argument, {type: NAME, value, id}. The controls are built from the
-//   synced trait `commands` ([{name, label, help, arg: {name, kind, min} | null, when}],
+//   synced trait `commands` ([{name, label, help, arg: {name, kind, min, example} | null,
+//   when, button}]: a `button` command's field is sent by its "apply" button),
 //   the kernel's command table): this file knows no command by name. The kernel answers
 //   each control with {type: "ack", id, ok, message, status} at its next step boundary
 //   (the status line then shows the monitor's state: paused, stopping...). A click waits
@@ -77,6 +79,7 @@ class Panel {
     this.data = new Map(); // key -> {xs: [], ys: []}
     this.nonfinite = new Map(); // key -> [[step, kind]]
     this.alerts = [];
+    this.interventions = []; // the kernel's records of commands and alert actions
     this.charts = [];
     this.chartSpecs = [];
     this.smooth = 0;
@@ -158,14 +161,25 @@ class Panel {
   // A button with `when` shows only in that state (Pause while running, Resume while paused).
   controlFor(spec) {
     if (spec.arg) {
+      // a `button` command acts anew at each send (lr ×F): its field waits for the click
+      const start = spec.button ? spec.arg.example : spec.arg.min;
       const input = h("input", { type: "number", min: String(spec.arg.min),
-        step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.min),
+        step: spec.arg.kind === "int" ? "1" : "any", value: String(start),
         class: `msmon-${spec.name}`, "data-cmd": spec.name, title: spec.help });
-      input.addEventListener("change", () => {
-        this.control(spec, input.value === "" ? null : Number(input.value));
-      });
+      const value = () => (input.value === "" ? null : Number(input.value));
       this.inputs.push({ spec, el: input });
-      return h("label", {}, `${spec.label} `, input);
+      if (!spec.button) {
+        input.addEventListener("change", () => this.control(spec, value()));
+        return h("label", {}, `${spec.label} `, input);
+      }
+      const send = h("button", { class: `msmon-btn msmon-${spec.name}-send`, type: "button",
+        text: "apply", "data-cmd": spec.name, title: spec.help });
+      send.addEventListener("click", () => {
+        send.disabled = true; // until the kernel answers
+        this.control(spec, value(), send);
+      });
+      this.buttons.push({ spec, el: send });
+      return h("label", {}, `${spec.label} `, input, send);
     }
     const button = h("button", { class: `msmon-btn msmon-${spec.name}`, type: "button",
       text: spec.label, "data-cmd": spec.name, title: spec.help });
@@ -302,6 +316,7 @@ class Panel {
       touched.add(key);
     }
     if (msg.alerts) { this.alerts = msg.alerts; this.renderAlerts(); }
+    if (msg.interventions) this.interventions = msg.interventions;
     if (msg.snapshots) this.renderSnapshots(msg.snapshots);
     if (msg.status) {
       this.status = msg.status;
@@ -310,7 +325,8 @@ class Panel {
     }
     const width = this.chartWidth();
     for (const c of this.charts) {
-      if (msg.type === "reset" || msg.alerts || c.keys.some((k) => touched.has(k))) {
+      if (msg.type === "reset" || msg.alerts || msg.interventions
+        || c.keys.some((k) => touched.has(k))) {
         this.draw(c, width);
       }
     }
@@ -388,8 +404,9 @@ class Panel {
   draw(chart, width) {
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
       severity: a.severity, tag: alertTag(a) }));
+    const marks = this.interventions.map(interventionMark).filter(Boolean);
     chart.set(seriesOf(this, { keys: chart.keys }), { smooth: this.smooth, scale: this.scale,
-      alerts, width });
+      alerts, marks, width });
   }
 
   redrawAll() {

@@ -30,6 +30,8 @@ const state = {
   ranksOpen: new Map(),   // run -> whether its rank list is unfolded
   alerts: new Map(),      // run -> [alert]
   snapshots: new Map(),   // run -> [snapshot]
+  interventions: new Map(), // run -> [intervention] (drawn as marks on every chart)
+  checkpoints: new Map(), // run -> [{rank, step, path, bytes}]
   yscale: "auto",
   smoothing: 0,
   token: null,            // from /api/info: sent back with each control request
@@ -436,7 +438,14 @@ function draw(id) {
         label: ranked && a.rank != null ? `rank ${a.rank}` : "" });
     }
   }
-  c.chart.set(series, { smooth: state.smoothing, scale: state.yscale, alerts,
+  const marks = [];
+  for (const run of runs) {
+    for (const i of state.interventions.get(run.name) || []) {
+      const m = interventionMark(i);
+      if (m) marks.push(runs.length > 1 ? { ...m, text: `${run.name}: ${m.text}` } : m);
+    }
+  }
+  c.chart.set(series, { smooth: state.smoothing, scale: state.yscale, alerts, marks,
     fit: true, width: chartWidth(c.chart) });
   c.chart.setTitleNote(points === 0 ? "" : raw ? "raw points" : "min/max per bucket");
   c.chart.el.dataset.raw = String(raw && points > 0);
@@ -459,16 +468,21 @@ function resetZoom() {
   }
 }
 
-// --- alerts and snapshots ---------------------------------------------------------------
+// --- alerts, snapshots, interventions and checkpoints ---------------------------------------------------------------
 
 async function loadSide(run) {
   try {
-    const [alerts, snaps] = await Promise.all([
-      getJSON(`api/alerts?${new URLSearchParams({ run })}`),
-      getJSON(`api/snapshots?${new URLSearchParams({ run })}`),
+    const q = new URLSearchParams({ run });
+    const [alerts, snaps, interventions, checkpoints] = await Promise.all([
+      getJSON(`api/alerts?${q}`),
+      getJSON(`api/snapshots?${q}`),
+      getJSON(`api/interventions?${q}`),
+      getJSON(`api/checkpoints?${q}`),
     ]);
     state.alerts.set(run, alerts);
     state.snapshots.set(run, snaps);
+    state.interventions.set(run, interventions);
+    state.checkpoints.set(run, checkpoints);
   } catch (err) {
     console.warn(`msmon: ${run}: ${err.message}`);
   }
@@ -479,9 +493,32 @@ function renderSide() {
   alertsBody.replaceChildren();
   const snapsBody = document.querySelector("#snapshots tbody");
   snapsBody.replaceChildren();
+  const actsBody = document.querySelector("#interventions tbody");
+  actsBody.replaceChildren();
+  const ckptBody = document.querySelector("#checkpoints tbody");
+  ckptBody.replaceChildren();
   let nAlerts = 0;
   let nSnaps = 0;
+  let nActs = 0;
+  let nCkpts = 0;
   for (const run of selectedRuns()) {
+    for (const i of state.interventions.get(run.name) || []) {
+      nActs += 1;
+      actsBody.append(el("tr", { "data-what": i.what || "", "data-ok": String(!!i.ok) },
+        el("td", { text: run.name }), el("td", { class: "num", text: i.rank == null ? "-" : String(i.rank) }),
+        el("td", { class: "num", text: fmt(i.step) }), el("td", { text: i.who || "-" }),
+        el("td", { text: i.label || i.what || "-" }), el("td", { text: i.ok ? "done" : "refused" }),
+        el("td", { text: i.message || "" })));
+    }
+    for (const k of state.checkpoints.get(run.name) || []) {
+      nCkpts += 1;
+      const file = String(k.path || "").split("/").slice(-2).join("/");
+      ckptBody.append(el("tr", { "data-step": String(k.step) },
+        el("td", { text: run.name }), el("td", { class: "num", text: k.rank == null ? "-" : String(k.rank) }),
+        el("td", { class: "num", text: fmt(k.step) }),
+        el("td", { class: "num", text: `${(k.bytes / 1e6).toPrecision(3)} MB` }),
+        el("td", { text: file, title: k.path || "" })));
+    }
     for (const a of state.alerts.get(run.name) || []) {
       nAlerts += 1;
       alertsBody.append(el("tr", { "data-kind": a.kind || "", "data-rank": a.rank ?? "" },
@@ -506,6 +543,8 @@ function renderSide() {
   }
   document.getElementById("alerts-section").hidden = nAlerts === 0;
   document.getElementById("snapshots-section").hidden = nSnaps === 0;
+  document.getElementById("interventions-section").hidden = nActs === 0;
+  document.getElementById("checkpoints-section").hidden = nCkpts === 0;
 }
 
 // --- refresh ------------------------------------------------------------------------------
