@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from msmon_nb.collect import checkpoint as checkpoints
-from msmon_nb.collect import lrscale
 from msmon_nb.collect.collector import StepCollector, expected_tags
 from msmon_nb.collect.comm import attach
 from msmon_nb.collect.guard import Guard
@@ -34,11 +32,11 @@ from msmon_nb.monitor import registry
 from msmon_nb.monitor.actions import Actions
 from msmon_nb.monitor.boundary import Boundary
 from msmon_nb.monitor.controls import interpret
+from msmon_nb.monitor.levers import Levers
 from msmon_nb.monitor.opening import close_marker, open_run
 from msmon_nb.monitor.outlet import Outlet
 from msmon_nb.monitor.rankwatch import RankWatcher
 from msmon_nb.monitor.records import RunRecords, intervention
-from msmon_nb.rundir import CHECKPOINTS
 from msmon_nb.rundir.control import ControlError, ControlReader
 from msmon_nb.rundir.facts import mindspore_brief
 from msmon_nb.sinks.base import Fanout
@@ -84,9 +82,7 @@ class Monitor:
         self._actions: Actions | None = None
         self._rankwatch: RankWatcher | None = None
         self._callbacks: list[weakref.ref] = []  # the Model.train callbacks made here
-        # what the ways in know the loop trains (``trains``): for checkpoint and lr xF
-        self._network: Callable[[], Any] = _none
-        self._optimizer: Callable[[], Any] = _none
+        self.levers = Levers()  # what the loop trains: for checkpoint and lr xF
         if not self.enabled:
             return
         try:
@@ -288,37 +284,21 @@ class Monitor:
             print(f"msmon: stopping: {reason}", flush=True)
 
     def trains(self, network: Any = None, optimizer: Any = None) -> None:
-        """A way in tells what the loop trains: its train network (``Model.train``'s,
-        a train cell a watched loop calls) and its optimizer (held weakly: the monitor
-        keeps nobody's model alive). What ``checkpoint`` saves and ``lr xF`` scales."""
-        if network is not None and self._network() is not network:
-            self._network = _ref(network)
-        if optimizer is not None and self._optimizer() is not optimizer:
-            self._optimizer = _ref(optimizer)
+        """A way in tells what the loop trains (its train network, its optimizer): what
+        ``checkpoint`` saves and ``lr xF`` scales (``monitor.levers``)."""
+        self.levers.trains(network, optimizer)
 
     def checkpoint(self) -> dict[str, Any]:
-        """Save the known network and optimizer state now (call it at a step boundary:
-        the command interpreter and the alert action do) into
-        ``<write dir>/checkpoints/step_<last step>.ckpt`` with ``mindspore.save_checkpoint``
-        (``collect.checkpoint``); ``{step, path, bytes, params}``. ``ValueError`` saying
-        why when there is nowhere to save or nothing known to save."""
-        if self.write_dir is None:
-            raise ValueError("this run writes nothing to disk (disabled, or its dir failed)")
-        if self.last_step is None:
-            raise ValueError("no step has finished yet; checkpoint after the first step")
-        step = self.last_step
-        path = self.write_dir / CHECKPOINTS / f"step_{step}.ckpt"
-        params, size = checkpoints.save(self._network(), self._optimizer(), path)
-        return {"step": step, "path": str(path), "bytes": size, "params": params}
+        """Save the network and optimizer state now with ``mindspore.save_checkpoint``
+        into ``<write dir>/checkpoints/step_<last step>.ckpt``; ``{step, path, bytes,
+        params}``. Call it at a step boundary (the ``checkpoint`` command and alert
+        action do); ``ValueError`` says why when nothing can be saved."""
+        return self.levers.checkpoint(self.write_dir, self.last_step)
 
     def scale_lr(self, factor: float) -> str:
-        """Multiply the known optimizer's lr by ``factor`` from the next step on, where
-        that is exact (``collect.lrscale``); what changed. ``ValueError`` saying why not
-        (a ``LearningRateSchedule`` cell, no optimizer known): nothing is changed then."""
-        done = lrscale.scale_lr(self._optimizer(), factor)
-        first = done[0]
-        groups = f" ({len(done)} lr Parameters)" if len(done) > 1 else ""
-        return f"lr x{factor:g}: {first[1]:.6g} -> {first[2]:.6g}{groups} from the next step on"
+        """Multiply the optimizer's lr by ``factor`` from the next step on, where that is
+        exact (an lr Parameter or list); ``ValueError`` says why not (nothing changed)."""
+        return self.levers.scale_lr(factor)
 
     def intervene(
         self,
@@ -481,15 +461,3 @@ class Monitor:
         if not result.ok:
             raise ControlError(result.message)
         return result.message
-
-
-def _none() -> Any:
-    return None
-
-
-def _ref(obj: Any) -> Callable[[], Any]:
-    """A weak reference to ``obj`` where it takes one, else a strong one."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return lambda: obj
