@@ -33,6 +33,7 @@ CASES = [
     *(Case("mindcv:adamw", "model", "list", s, suite="mindcv") for s in SCALINGS),
     *(Case("mindcv:adamw", "model", "schedule", s, suite="mindocr") for s in SCALINGS),
     Case("mindcv:lion", "cell", "list", "accumulate", 3, suite="mindocr"),
+    *(Case("nn.Momentum", loop, "list", "none", suite="boost") for loop in ("cell", "model")),
 ]  # fmt: skip
 
 
