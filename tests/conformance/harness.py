@@ -202,9 +202,7 @@ def pynative() -> Iterator[None]:
 # --- the float64 reference ---------------------------------------------------------------
 
 
-def reference_norms(
-    weights: list[dict], windows: list[list], suite: str = ""
-) -> tuple[list, list]:
+def reference_norms(weights: list[dict], windows: list[list], suite: str = "") -> tuple[list, list]:
     """For each step: (norm of the mean gradient of the unscaled loss over its batches,
     largest norm of one batch's), in float64, with the weights the step started from.
 

@@ -7,7 +7,9 @@
 * MindOCR 0.5.0: ``mindocr.utils.train_step_wrapper.TrainOneStepWrapper`` and its EMA. The
   ``mindocr`` package does not import on MindSpore 2.10 (``mindspore.parallel._transformer``
   is gone), so its modules are loaded from the installed files as they ship, under a
-  package of their own (``load_mindocr``), without running ``mindocr/__init__.py``.
+  package of their own (``load_mindocr``), without running ``mindocr/__init__.py``;
+* MindSpore 2.10's boost: the ``BoostTrainOneStepCell`` ``Model(..., boost_level="O1")``
+  builds (``boost_cell``); its ``BoostTrainOneStepWithLossScaleCell`` is ``EXCLUDED``.
 
 Their dynamic loss scale checks overflow with the NPU float-status kernels, which the CPU
 lacks (the suites skip the check there: ``is_cpu_device``). For the ``dynamic`` case the
@@ -181,3 +183,55 @@ def schedule_index(suite: str, global_step: int | None, step: int) -> int | None
     ``j``), each with its own ``global_step``, so step ``step`` uses entry ``step``; the
     optimizer the user gave never steps."""
     return step if suite == "boost" else global_step
+
+
+def _boost_dynamic_by_model() -> None:
+    """``Model(..., boost_level="O1", loss_scale_manager=DynamicLossScaleManager())``:
+    ``amp.build_train_network`` refuses an updating loss scale on the CPU before it
+    would build ``BoostTrainOneStepWithLossScaleCell``."""
+    from mindspore.amp import DynamicLossScaleManager
+    from mindspore.train import Model
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = nn.Momentum(net.trainable_params(), h.LR, 0.9)
+    manager = DynamicLossScaleManager(h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW)
+    Model(net, h.loss_function(), optimizer, boost_level="O1", loss_scale_manager=manager)
+
+
+def _boost_dynamic_by_hand() -> None:
+    """``BoostTrainOneStepWithLossScaleCell`` made and called by hand in GRAPH_MODE: its
+    overflow check (no GPU: the Ascend one) has no CPU kernel."""
+    from mindspore.boost import BoostTrainOneStepWithLossScaleCell
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = nn.Momentum(net.trainable_params(), h.LR, 0.9)
+    scale = nn.DynamicLossScaleUpdateCell(h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW)
+    network = nn.WithLossCell(net, h.loss_function())
+    cell = BoostTrainOneStepWithLossScaleCell(network, optimizer, scale)
+    x, y = h.batches(1)[0]
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        cell(Tensor(x), Tensor(y))
+    finally:
+        ms.set_context(mode=mode)
+
+
+# (suite, scaling) cases that cannot run on this machine: (reason, what fails, a text its
+# error contains). test_suite_cells.py checks that each still fails so.
+EXCLUDED: dict[str, tuple[str, Any, str]] = {
+    "boost-model-dynamic": (
+        "amp.build_train_network takes no updating loss scale on the CPU",
+        _boost_dynamic_by_model,
+        "are supported on device `CPU`",
+    ),
+    "boost-cell-dynamic": (
+        "BoostTrainOneStepWithLossScaleCell checks overflow with an NPU-only kernel",
+        _boost_dynamic_by_hand,
+        "Unsupported op [NPUGetFloatStatusV2] on CPU",
+    ),
+}
