@@ -218,6 +218,12 @@ def find_optimizer(owner: Any) -> Any:
     function refers to by closure or global name, and those of the functions it refers
     to, three levels deep). Called on collected
     steps only, when the optimizer itself was not called from Python.
+
+    None for a train cell holding a boost ``FreezeOpt`` (what ``Model(...,
+    boost_level="O1"/"O2")`` builds): the update is done by one of its per-group copies,
+    which the cell picks inside its graph by the train strategy, each with its own lr
+    share and ``global_step``; the ``single_opt`` found under it never steps (its lr
+    stays the schedule's first), so only the optimizer tap knows the step's lr.
     """
     from mindspore import nn
 
@@ -226,6 +232,8 @@ def find_optimizer(owner: Any) -> Any:
             return cell
         if isinstance(cell, nn.Cell):
             for _, sub in cell.cells_and_names():
+                if _picks_in_graph(sub):
+                    return None
                 if is_optimizer(sub):
                     return sub
         return None
@@ -237,6 +245,16 @@ def find_optimizer(owner: Any) -> Any:
     if found is not None:
         return found
     return _referred(getattr(owner, "fn", None), in_cell, depth=3, seen=set())
+
+
+def _picks_in_graph(cell: Any) -> bool:
+    """Whether ``cell`` is a boost ``FreezeOpt``, whose train cell runs a different copy
+    of the optimizer at each step (``find_optimizer``)."""
+    try:
+        from mindspore.boost import FreezeOpt
+    except ImportError:  # a MindSpore without boost: no such cell
+        return False
+    return isinstance(cell, FreezeOpt)
 
 
 def _referred(fn: Any, test: Callable[[Any], Any], depth: int, seen: set[int]) -> Any:

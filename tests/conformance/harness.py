@@ -202,15 +202,21 @@ def pynative() -> Iterator[None]:
 # --- the float64 reference ---------------------------------------------------------------
 
 
-def reference_norms(weights: list[dict], windows: list[list]) -> tuple[list, list]:
+def reference_norms(weights: list[dict], windows: list[list], suite: str = "") -> tuple[list, list]:
     """For each step: (norm of the mean gradient of the unscaled loss over its batches,
     largest norm of one batch's), in float64, with the weights the step started from.
 
     Taken after the plain run, in PyNative on a fresh copy of the model that is given each
     step's weights: no graph to compile (in a graph-mode case it would be a third), and
-    the plain run itself is only ever trained."""
+    the plain run itself is only ever trained. A suite that rebuilds the network before
+    training it (MindSpore's boost) gets its rebuilt network (``suites.reference_network``).
+    """
     with pynative():
         net = network()
+        if suite:
+            from tests.conformance.suites import reference_network
+
+            net = reference_network(suite, net)
         params = {p.name: p for p in net.trainable_params()}
         loss_fn = loss_function()
 
@@ -402,7 +408,7 @@ def _train(case: Case, save_dir: Any) -> Arm:
     arm.warnings = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
     arm.state = state_of(net, optimizer, *cells)
     if plain:
-        arm.norms, arm.micro = reference_norms(arm.weights, windows)
+        arm.norms, arm.micro = reference_norms(arm.weights, windows, case.suite)
     return arm
 
 
@@ -412,21 +418,37 @@ def _before_step(case, i, optimizer, arm, plain, scale) -> list:
     to see them move."""
     if case.lr == "parameter" and i == LR_CHANGED_AT:
         set_lr(optimizer, LR_CHANGED_TO)
-    weights = [p.asnumpy().copy() for p in optimizer.parameters]
+    params = trained(case, optimizer, scale)
+    weights = [p.asnumpy().copy() for p in params]
     if plain:
-        arm.lrs.append(form_lr(case.lr, i, global_step(optimizer)))
-        arm.weights.append({p.name: w for p, w in zip(optimizer.parameters, weights, strict=True)})
+        counter = global_step(optimizer)
+        if case.suite:
+            from tests.conformance.suites import schedule_index
+
+            counter = schedule_index(case.suite, counter, i)
+        arm.lrs.append(form_lr(case.lr, i, counter))
+        arm.weights.append({p.name: w for p, w in zip(params, weights, strict=True)})
     held = getattr(scale, "scale_sense", None)  # a train cell's; an amp scaler's:
     held = getattr(scale, "scale_value", None) if held is None else held
     arm.scales.append(float(held.asnumpy()) if held is not None else 1.0)
     return weights
 
 
-def _after_step(case, out, weights, optimizer, arm) -> None:
+def trained(case: Case, optimizer: Any, cell: Any) -> list:
+    """The Parameters the step updates: the optimizer's, or those of the optimizer a
+    suite's train cell put in its place (``suites.trained_params``)."""
+    if case.suite:
+        from tests.conformance.suites import trained_params
+
+        return trained_params(case.suite, optimizer, cell)
+    return list(optimizer.parameters)
+
+
+def _after_step(case, out, weights, optimizer, arm, cell=None) -> None:
     """The loss the step returned (first output), and whether it updated the weights."""
     loss = out[0] if isinstance(out, tuple | list) else out
     arm.losses.append(float(loss.asnumpy()))
-    now = [p.asnumpy() for p in optimizer.parameters]
+    now = [p.asnumpy() for p in trained(case, optimizer, cell)]
     arm.applied.append(any(not np.array_equal(a, b) for a, b in zip(weights, now, strict=True)))
     arm.overflow.append(case.scaling == "dynamic" and not arm.applied[-1])
 
@@ -455,7 +477,7 @@ def _train_loop(case, net, optimizer, steps, arm, plain, save_dir) -> list:
             for i, micro in enumerate(steps):
                 weights = _before_step(case, i, optimizer, arm, plain, scale)
                 out = step(*[Tensor(a) for pair in micro for a in pair])
-                _after_step(case, out, weights, optimizer, arm)
+                _after_step(case, out, weights, optimizer, arm, scale)
     return [scale] if scale is not None else []
 
 
@@ -474,7 +496,7 @@ class _Steps(Callback):
 
     def on_train_step_end(self, run_context):
         out = run_context.original_args().net_outputs
-        _after_step(self.case, out, self.weights, self.optimizer, self.arm)
+        _after_step(self.case, out, self.weights, self.optimizer, self.arm, self.cell)
 
 
 def _train_model(case, net, optimizer, steps, arm, plain, save_dir) -> list:

@@ -7,7 +7,9 @@
 * MindOCR 0.5.0: ``mindocr.utils.train_step_wrapper.TrainOneStepWrapper`` and its EMA. The
   ``mindocr`` package does not import on MindSpore 2.10 (``mindspore.parallel._transformer``
   is gone), so its modules are loaded from the installed files as they ship, under a
-  package of their own (``load_mindocr``), without running ``mindocr/__init__.py``.
+  package of their own (``load_mindocr``), without running ``mindocr/__init__.py``;
+* MindSpore 2.10's boost: the ``BoostTrainOneStepCell`` ``Model(..., boost_level="O1")``
+  builds (``boost_cell``); its ``BoostTrainOneStepWithLossScaleCell`` is ``EXCLUDED``.
 
 Their dynamic loss scale checks overflow with the NPU float-status kernels, which the CPU
 lacks (the suites skip the check there: ``is_cpu_device``). For the ``dynamic`` case the
@@ -29,7 +31,14 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.amp import all_finite
 
-SUITES = ("mindone", "mindcv", "mindocr")
+SUITES = ("mindone", "mindcv", "mindocr", "boost")
+
+# what AutoBoost's "O1" turns on (mindspore.boost.AutoBoost's documentation); "O2" adds
+# adasum, which needs data parallel over 16+ devices: on one device it is O1
+BOOST_O1 = {
+    "less_bn": True, "grad_freeze": True, "adasum": False,
+    "grad_accumulation": False, "dim_reduce": False, "loss_scale_group": False,
+}  # fmt: skip
 
 
 def load_mindocr(module: str) -> types.ModuleType:
@@ -68,6 +77,10 @@ def _classes(suite: str) -> tuple[type, type | None]:
     if suite == "mindocr":
         wrapper = load_mindocr("utils.train_step_wrapper").TrainOneStepWrapper
         return wrapper, load_mindocr("utils.ema").EMA
+    if suite == "boost":
+        from mindspore.boost import BoostTrainOneStepCell
+
+        return BoostTrainOneStepCell, None
     raise ValueError(suite)
 
 
@@ -106,6 +119,8 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     network = nn.WithLossCell(net, loss_fn)
     accumulate = h.MICRO if scaling == "accumulate" else 1
     clip = scaling == "clip"
+    if suite == "boost":
+        return boost_cell(net, loss_fn, optimizer)
     if suite == "mindcv":
         return cls(
             network, optimizer, scale_sense=scale, ema=scaling == "ema", ema_decay=0.9,
@@ -116,3 +131,107 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
         network, optimizer, scale_sense=scale, ema=ema, drop_overflow_update=True,
         gradient_accumulation_steps=accumulate, clip_grad=clip, clip_norm=h.CLIP,
     )  # fmt: skip
+
+
+def boost_cell(net: nn.Cell, loss_fn: nn.Cell, optimizer: Any) -> nn.Cell:
+    """The train cell ``Model(net, loss_fn, optimizer, boost_level="O1", metrics=...)``
+    builds: a ``BoostTrainOneStepCell`` over ``LessBN(net)`` whose optimizer is a
+    ``FreezeOpt`` (one copy of the optimizer per gradient-freeze group, with gradient
+    centralization), each step run by the freeze group the train strategy picks.
+
+    ``AutoBoost`` is a process-wide singleton whose level is fixed by the first
+    ``Model`` made in the process (any earlier ``Model(...)`` fixes "O0", and then
+    ``boost_level="O1"`` builds a bare ``BoostTrainOneStepCell``), so the O1
+    configuration its documentation gives is put in place for this ``Model`` and the
+    singleton's own put back after."""
+    from mindspore.boost import AutoBoost
+    from mindspore.train import Model
+
+    auto = AutoBoost()
+    held = auto.level, auto.boost_config
+    auto.level, auto.boost_config = "O1", dict(BOOST_O1)
+    try:
+        return Model(net, loss_fn, optimizer, boost_level="O1", metrics={"acc"}).train_network
+    finally:
+        auto.level, auto.boost_config = held
+
+
+def trained_params(suite: str, optimizer: Any, cell: Any) -> list:
+    """The Parameters ``cell`` updates: the harness's optimizer's, except under boost,
+    whose ``FreezeOpt`` trains the Parameters of the network it rebuilt (``LessBN``
+    replaces the last ``Dense`` with a ``CommonHeadLastFN``: a new weight, a
+    ``multiplier``, no bias)."""
+    if suite == "boost":
+        return list(cell.optimizer.parameters)
+    return list(optimizer.parameters)
+
+
+def reference_network(suite: str, net: nn.Cell) -> nn.Cell:
+    """The network the suite trains when given ``net``: under boost (O1, O2),
+    ``LessBN(net, fn_flag=True)`` as ``AutoBoost`` builds it; else ``net``."""
+    if suite == "boost":
+        from mindspore.boost import LessBN
+
+        return LessBN(net, fn_flag=True)
+    return net
+
+
+def schedule_index(suite: str, global_step: int | None, step: int) -> int | None:
+    """Which entry of an lr list (or point of a schedule) step ``step`` uses. The
+    optimizer's ``global_step``, except under boost: ``FreezeOpt`` deals the list out to
+    its per-group copies by the train strategy (entry ``j`` to the copy that runs step
+    ``j``), each with its own ``global_step``, so step ``step`` uses entry ``step``; the
+    optimizer the user gave never steps."""
+    return step if suite == "boost" else global_step
+
+
+def _boost_dynamic_by_model() -> None:
+    """``Model(..., boost_level="O1", loss_scale_manager=DynamicLossScaleManager())``:
+    ``amp.build_train_network`` refuses an updating loss scale on the CPU before it
+    would build ``BoostTrainOneStepWithLossScaleCell``."""
+    from mindspore.amp import DynamicLossScaleManager
+    from mindspore.train import Model
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = nn.Momentum(net.trainable_params(), h.LR, 0.9)
+    manager = DynamicLossScaleManager(h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW)
+    Model(net, h.loss_function(), optimizer, boost_level="O1", loss_scale_manager=manager)
+
+
+def _boost_dynamic_by_hand() -> None:
+    """``BoostTrainOneStepWithLossScaleCell`` made and called by hand in GRAPH_MODE: its
+    overflow check (no GPU: the Ascend one) has no CPU kernel."""
+    from mindspore.boost import BoostTrainOneStepWithLossScaleCell
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = nn.Momentum(net.trainable_params(), h.LR, 0.9)
+    scale = nn.DynamicLossScaleUpdateCell(h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW)
+    network = nn.WithLossCell(net, h.loss_function())
+    cell = BoostTrainOneStepWithLossScaleCell(network, optimizer, scale)
+    x, y = h.batches(1)[0]
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        cell(Tensor(x), Tensor(y))
+    finally:
+        ms.set_context(mode=mode)
+
+
+# (suite, scaling) cases that cannot run on this machine: (reason, what fails, a text its
+# error contains). test_suite_cells.py checks that each still fails so.
+EXCLUDED: dict[str, tuple[str, Any, str]] = {
+    "boost-model-dynamic": (
+        "amp.build_train_network takes no updating loss scale on the CPU",
+        _boost_dynamic_by_model,
+        "are supported on device `CPU`",
+    ),
+    "boost-cell-dynamic": (
+        "BoostTrainOneStepWithLossScaleCell checks overflow with an NPU-only kernel",
+        _boost_dynamic_by_hand,
+        "Unsupported op [NPUGetFloatStatusV2] on CPU",
+    ),
+}
