@@ -11,14 +11,18 @@ start; from step S one failure is put into one known layer k (its weight W_k):
 - ``grad x1.5/step``: W_k's gradient multiplied by 1.5 more every step before the
   optimizer (a mis-scaled gradient of one layer: a wrong hook, a wrong loss-scale
   unscaling of one group), the monitor fed what the optimizer gets;
-- ``group lr x300``: W_k's parameter group's learning rate x300 (a bad lr for one
-  group): the layer oscillates and blows up, and takes the layers next to it along.
+- ``group lr x3000``: W_k's parameter group's learning rate x3000 (a bad lr for one
+  group; x300 only moved the gradients x3, no alert): the layer's weights jump and the
+  gradients of the layers next to it (which W_k multiplies) rise as early as its own,
+  often more: the case blame ranks worst (a smoke run at step 43 named body.0.bias,
+  body.0.weight, body.4.weight for body.2.weight).
 
-Two sets, disjoint in seeds and in models: the tuning set (MLP depth 3 and 4, hidden 32),
-where the z threshold is chosen (the best top-1, ties to the larger z), and the held-out
-report set (other seeds; MLP depth 3 and 5 and a CNN: conv-conv-dense on 8x8), reported
-at that z and at the default of ``monitor_config.blame.z``. Every layer of every model,
-two injection steps. A poisoned batch is not among the failures: it reaches every layer
+Two sets, disjoint in seeds (the report set adds models the tuning set lacks): the
+tuning set (MLP depth 3 and 4, hidden 32), where the z threshold is chosen (the best
+top-1, ties to the larger z), and the held-out report set (other seeds; MLP depth 3
+and 5 and a CNN: conv-conv-dense on 8x8), reported at that z and at the default of
+``monitor_config.blame.z``. Every layer of every model, two injection steps. A poisoned
+batch is not among the failures: it reaches every layer
 after the one it enters in the same step, so no one layer "started" it.
 
 A run counts when one of its alerts is of the gradient or loss families after S (the
@@ -56,7 +60,7 @@ ZS = (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
 RING = 32  # the default ring size
 
 
-FAILURES = ("penalty 3", "penalty 150", "grad x1.5/step", "group lr x300")
+FAILURES = ("penalty 3", "penalty 150", "grad x1.5/step", "group lr x3000")
 LR = 0.01
 
 
@@ -97,8 +101,8 @@ def one_run(model: str, depth: int, layer: int, seed: int, at: int, failure: str
     """Train one run; (the target's name, every step's (names, norms), the judged alert)."""
     net = Penalised(model, depth, layer, seed)
     params = net.trainable_params()
-    if failure.startswith("group lr"):  # W_k's group: its own lr schedule, x300 from ``at``
-        lrs = [LR] * at + [LR * 300.0] * (steps - at)
+    if failure.startswith("group lr"):  # W_k's group: its own lr schedule, x3000 from ``at``
+        lrs = [LR] * at + [LR * 3000.0] * (steps - at)
         rest = [p for p in params if p is not net.target]
         groups = [{"params": [net.target], "lr": lrs}, {"params": rest}]
         opt = nn.SGD(groups, learning_rate=LR)
