@@ -52,11 +52,12 @@ BENCHES = (
     Bench("control", (), ("--steps", "20000", "--rounds", "2")),
     Bench("diagnose", (), ("--steps", "2000", "--rounds", "1", "--mlp-steps", "5")),
     Bench("detect", (), ("--smoke",)),
+    Bench("blame", (), ("--smoke",)),
     Bench("overhead", ("--rounds", "10"),
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),
     Bench("scale", ("--repeats", "5"), ("--repeats", "1", "--sizes", "1M")),
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
-    Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every")),
+    Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every,off")),
     Bench("relay", (), ("--series", "3", "--steps", "20000")),
     # 200 k points: long enough (~2 s) that the page samples the cell while it runs, also
     # beside make test in CI (20 k could end before the page drew it running)

@@ -18,6 +18,12 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    computes grad_norm inside the graph and reads it every step pays before it does
    anything with the numbers. "every step / floor" is then our own bookkeeping, on the
    same models (no instance draw).
+   Blame (``monitor_config.blame``, on by default: each parameter's gradient norm kept
+   on every collected step) is measured against the same monitor with ``blame:
+   {enabled: false}``: in the functional loop on the same net, blocks alternating; in
+   ``Model.train`` on models of its own (a blame-off callback on the blame-on model
+   would recompile its graph at every switch), with the callbacks' own times beside,
+   which no instance draw moves. Target: blame on / off <= 1.01.
 3. The grad_norm reduction inside the train graph alone (one model, its tap switched on
    and off), next to the floor of reading every gradient byte once.
 
@@ -47,6 +53,8 @@ from mindspore import nn
 from mindspore.train import Callback, Model, SummaryCollector
 
 from msmon_nb.monitor import Monitor
+
+NO_BLAME = {"enabled": False}  # the blame-off arms: the same monitor, no per-parameter norms
 
 
 def mlp() -> nn.Cell:
@@ -81,8 +89,9 @@ def functional(steps: int, rounds: int, base: str) -> None:
     block()  # warm up
     every = Monitor(save_dir=base, run_name="every_step", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="every_10th", log_interval=10)
-    spent = {id(every): 0.0, id(tenth): 0.0}
-    for mon in (every, tenth):  # time spent inside the monitor itself, attributed directly
+    off = Monitor(save_dir=base, run_name="every_blame_off", log_interval=1, blame=NO_BLAME)
+    spent = {id(every): 0.0, id(tenth): 0.0, id(off): 0.0}
+    for mon in (every, tenth, off):  # time spent inside the monitor itself, attributed directly
         inner = mon.record_step
         key = id(mon)
 
@@ -94,11 +103,12 @@ def functional(steps: int, rounds: int, base: str) -> None:
                 spent[_key] += time.perf_counter() - t0
 
         mon.record_step = timed
-    variants = {"plain": None, "every step": every, "every 10th step": tenth}
+    variants = {"plain": None, "every step": every, "every 10th step": tenth, "blame off": off}
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     for r in range(rounds):
-        for name in order[r % 3 :] + order[: r % 3]:  # rotate so no variant always runs first
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:  # rotate so no variant always runs first
             mon = variants[name]
             if mon is None:
                 times[name].append(block())
@@ -107,6 +117,7 @@ def functional(steps: int, rounds: int, base: str) -> None:
                     times[name].append(block())
     every.close()
     tenth.close()
+    off.close()
     plain = statistics.median(times["plain"])
     print(f"functional loop (PyNative), {steps}-step blocks x {rounds} rounds, order rotated:")
     print(f"  plain: {plain / steps * 1e3:.1f} ms/step ({steps / plain:.0f} steps/s)")
@@ -122,6 +133,14 @@ def functional(steps: int, rounds: int, base: str) -> None:
         )
     q1, _, q3 = statistics.quantiles([t / plain for t in times["plain"]], n=4)
     print(f"  (plain blocks themselves vary: IQR {q1:.2f}-{q3:.2f} of their median)")
+    ratios = [a / b for a, b in zip(times["every step"], times["blame off"], strict=True)]
+    inside = {k: spent[id(m)] / (rounds * steps) for k, m in (("on", every), ("off", off))}
+    print(
+        f"  every step, blame on / off (same net, per round): {_spread(ratios)} "
+        f"(target <= 1.01); inside the monitor {inside['on'] * 1e6:.0f} vs "
+        f"{inside['off'] * 1e6:.0f} us/step = "
+        f"{(inside['on'] - inside['off']) / (plain / steps):+.2%} of a step"
+    )
 
 
 class _Own:
@@ -164,6 +183,9 @@ class _Floor(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         loss = run_context.original_args().net_outputs
         self.kept.append((float(loss.asnumpy()), self.monitored.tap.optimizer.norm.item()))
+
+
+OFF = "every, blame off"
 
 
 def _spread(values: list[float]) -> str:
@@ -219,7 +241,10 @@ def model_train(
         single = Monitor(save_dir=base, run_name="model_train_not_held", log_interval=1)
         single.hold_emits = lambda on, m=single: Monitor.hold_emits(m, False)
         monitors.append(("every, not held", single))
+    off = Monitor(save_dir=base, run_name="model_train_blame_off", log_interval=1, blame=NO_BLAME)
     own: dict[str, list] = {name: [] for name, _ in monitors}
+    own[OFF] = []
+    tapped_off: tuple = ()  # the same, blame off
     tapped: tuple = ()  # the first every-step callback and its model: in_graph toggles its tap
     # (variant, instance) -> (model, dataset, callbacks for round r)
     blocks: dict[tuple[str, int], tuple[Model, mds.Dataset, Any]] = {}
@@ -235,6 +260,11 @@ def model_train(
                 floor = _Floor(cb)  # reads this callback's taps
             blocks[(name, i)] = (mon_model, mon_data, lambda r, cb=cb: [cb])
         blocks[("floor", i)] = (mon_model, mon_data, lambda r, f=floor: [f])
+        off_model, off_data = model()  # blame off: another graph (no per-parameter norms)
+        cb = off.callback()
+        own[OFF].append(_Own(cb))
+        tapped_off = tapped_off or (cb, off_model, off_data)
+        blocks[(OFF, i)] = (off_model, off_data, lambda r, cb=cb: [cb])
     # MindSpore's own arm, set up as its users do and as ours is: one collector per run,
     # built outside the timer. On one model: its 3-8x is far beyond the few % two models
     # differ by, and its blocks are most of this bench's time (three models made it
@@ -272,7 +302,7 @@ def model_train(
             w, c = block(key, r)
             wall[key].append(w)
             cpu[key].append(c)
-    for _, mon in monitors:
+    for _, mon in (*monitors, (OFF, off)):
         mon.close()
 
     def per_round(name: str, table: dict) -> list[float]:
@@ -319,6 +349,17 @@ def model_train(
         if name == "floor":
             line += "  (read loss + grad_norm only, tapped graph)"
         print(line)
+        if name == OFF:
+            on = [a / b for a, b in zip(per_round("every step", wall), w, strict=True)]
+            own_on, own_off = (
+                sum(o.secs for o in own[k]) / max(sum(o.steps for o in own[k]), 1)
+                for k in ("every step", OFF)
+            )
+            print(
+                f"  every step, blame on / off, wall (per round): {_spread(on)} (target <= 1.01);"
+                f" callback own {own_on * 1e6:.0f} vs {own_off * 1e6:.0f} us/step = "
+                f"{(own_on - own_off) / med_w:+.2%} of a plain step"
+            )
         if name == "floor":
             ours = [a / b for a, b in zip(per_round("every step", wall), w, strict=True)]
             print(f"  every step       / floor, same models, wall: {_spread(ours)}")
@@ -328,14 +369,22 @@ def model_train(
                 f"  {name:16s} / plain, without its per-call file open/close "
                 f"({open_close * train_steps * 1e3:.1f} ms a call): {_spread(net)}"
             )
-    in_graph(tapped, train_steps, rounds, med_w)
+    on_cost = in_graph(tapped, train_steps, rounds, med_w, "grad_norm")
+    off_cost = in_graph(tapped_off, train_steps, rounds, med_w, "blame off")
+    kept = on_cost - off_cost
+    print(
+        f"  blame's part of it (per-parameter norms kept in the graph): "
+        f"{kept * 1e6:+.0f} us/step ({kept / med_w:+.1%} of a plain step)"
+    )
 
 
-def in_graph(tapped: tuple, train_steps: int, rounds: int, plain_step: float) -> None:
+def in_graph(tapped: tuple, train_steps: int, rounds: int, plain_step: float, label: str) -> float:
     """The grad_norm reduction inside the train graph, alone: one monitored model run
     without a callback, its tap switched on and off between blocks -- the same compiled
     graph, so no instance draw -- next to the floor of one read of every gradient byte
-    at this machine's copy bandwidth (``bench/scale.py``)."""
+    at this machine's copy bandwidth (``bench/scale.py``). Returns its cost per step
+    (seconds): run on a blame-on and a blame-off model, the difference is what keeping
+    each parameter's norm adds inside the graph."""
     from scale import copy_bandwidth
 
     cb, m, dataset = tapped
@@ -351,11 +400,12 @@ def in_graph(tapped: tuple, train_steps: int, rounds: int, plain_step: float) ->
     grad_bytes = sum(p.size * 4 for p in cb.optimizer.parameters)  # float32 gradients
     floor = grad_bytes / copy_bandwidth()
     print(
-        f"  grad_norm inside the graph (tap on / off, one compiled graph, per round): "
+        f"  {label} inside the graph (tap on / off, one compiled graph, per round): "
         f"{_spread(ratios)} = {cost * 1e6:.0f} us/step ({cost / plain_step:.1%} of a plain "
         f"step); floor, one read of {grad_bytes / 1e6:.1f} MB of gradients: "
         f"{floor * 1e6:.0f} us ({floor / plain_step:.1%})"
     )
+    return cost
 
 
 def main() -> None:

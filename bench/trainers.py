@@ -4,10 +4,13 @@ MindCV 0.3.0's ``create_trainer`` (its ``TrainStep``: fixed loss scale 1024, gra
 clipping at 1.0) on MindCV's ``resnet18`` (11.2 M parameters), ``Model.train`` in
 GRAPH_MODE, batch 8 of 3x32x32. Three models built alike: one never monitored, one with
 ``mon.callback()`` collecting every step (grad_norm, grad_norm_clipped, loss_scale, lr,
-loss), one collecting every 10th step. Blocks of ``--steps`` steps alternate between
+loss), one collecting every 10th step, and one collecting every step with ``blame:
+{enabled: false}`` (no per-parameter gradient norms: blame's cost is every step's
+time over it, target <= 1.01; its own model, since a blame-off callback on the blame-on
+model would recompile the graph at every switch). Blocks of ``--steps`` steps alternate between
 them, the order rotated each round; each model compiles (and warms up) before timing.
 
-    python bench/trainers.py [--steps 5] [--rounds 8]
+    python bench/trainers.py [--steps 5] [--rounds 8] [--arms plain,every,off]
 
 Prints the median ratio of monitored to plain block time with its spread (min..max over
 rounds), the same for process CPU time, the ratio of two untouched models (the noise
@@ -36,12 +39,14 @@ from mindcv.utils import create_trainer
 from msmon_nb.monitor import Monitor
 
 BATCH = 8
-# arm (--arms) -> its name in the output, collection interval (None: never monitored)
+# arm (--arms) -> its name in the output, collection interval (None: never monitored),
+# blame kept
 ARMS = {
-    "plain": ("plain", None),
-    "plain2": ("plain, 2nd model", None),
-    "every": ("every step", 1),
-    "tenth": ("every 10th", 10),
+    "plain": ("plain", None, True),
+    "plain2": ("plain, 2nd model", None, True),
+    "every": ("every step", 1, True),
+    "tenth": ("every 10th", 10, True),
+    "off": ("every step, blame off", 1, False),
 }
 
 
@@ -71,7 +76,7 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default=",".join(ARMS),
-        help="comma-separated subset of: " + ",".join(ARMS) + " (the smoke run: plain,every)",
+        help="comma-separated subset of: " + ",".join(ARMS) + " (the smoke run: plain,every,off)",
     )
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",")]
@@ -80,12 +85,17 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     base = tempfile.mkdtemp(prefix="msmon_bench_trainers_")
     variants: dict[str, tuple] = {}
-    for arm, (name, freq) in ARMS.items():
+    for arm, (name, freq, blame) in ARMS.items():
         if arm not in arms:
             continue
         net, model = build()
         mon = (
-            Monitor(save_dir=base, run_name=name.replace(" ", "_"), log_interval=freq)
+            Monitor(
+                save_dir=base,
+                run_name=name.replace(" ", "_").replace(",", ""),
+                log_interval=freq,
+                blame={"enabled": blame},
+            )
             if freq
             else None
         )
@@ -115,6 +125,7 @@ def main() -> None:
         ("plain, 2nd model", None),
         ("every step", 1.05),
         ("every 10th", 1.01),
+        ("every step, blame off", None),
     ):
         if name not in variants:
             continue
@@ -124,7 +135,24 @@ def main() -> None:
             f"  {name}: {statistics.median(ratios):.3f}x plain "
             f"[{min(ratios):.3f}..{max(ratios):.3f}], CPU time "
             f"{statistics.median(cpu_ratios):.3f}x [{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}]"
-            + (f" (target <= {target})" if target else " (two untouched models: the noise floor)")
+            + (
+                f" (target <= {target})"
+                if target
+                else (
+                    " (two untouched models: the noise floor)" if name.startswith("plain") else ""
+                )
+            )
+        )
+    off = "every step, blame off"
+    if off in variants:
+        ratios = [a / b for a, b in zip(times["every step"], times[off], strict=True)]
+        cpu_ratios = [a / b for a, b in zip(cpu["every step"], cpu[off], strict=True)]
+        print(
+            f"  every step, blame on / off: {statistics.median(ratios):.3f}x "
+            f"[{min(ratios):.3f}..{max(ratios):.3f}], "
+            f"CPU time {statistics.median(cpu_ratios):.3f}x "
+            f"[{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}] (target <= 1.01; two models: "
+            "compare the noise floor)"
         )
     in_graph(variants["every step"], args.steps, args.rounds)
     for _model, _callbacks, mon, _data in variants.values():
