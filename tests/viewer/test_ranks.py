@@ -215,6 +215,8 @@ def test_alerts_merge_own_and_cross_rank_each_with_its_rank(tmp_path, serve):
     assert straggler["since_step"] == 20 and straggler["tag"] == "train/step_time"
     assert stopped["cross_rank"] is True and stopped["rank"] == 1 and stopped["since_step"] == 40
     assert [a["step"] for a in alerts] == sorted(a["step"] for a in alerts)
+    # the API stamps the chart an alert marks (its tag; a rank_stopped marks every chart)
+    assert straggler.pop("chart") == "train/step_time" and stopped.pop("chart") is None
     assert server.store.cross_rank.get("job") == [straggler, stopped]
 
 
