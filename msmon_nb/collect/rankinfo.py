@@ -27,6 +27,12 @@ class RankInfo:
         """True when more than one rank writes into the run."""
         return self.size > 1
 
+    @property
+    def label(self) -> int | None:
+        """The rank records carry (alerts, interventions): None when not distributed,
+        so a one-process run's records do not read as "rank 0 of a job"."""
+        return self.rank if self.distributed else None
+
 
 def detect() -> RankInfo:
     """This process's rank and the job's size (``RankInfo(0, 1)`` when not distributed)."""

@@ -42,6 +42,7 @@ from msmon_nb.diagnose import Diagnoser
 from msmon_nb.diagnose.alert import Alert, fmt
 from msmon_nb.expr import compile_expression
 from msmon_nb.monitor.layers import LayerBlame
+from msmon_nb.monitor.levers import recorded
 from msmon_nb.monitor.records import ALERT_ACTION
 from msmon_nb.rundir.control import CHECKPOINT, STOP
 
@@ -61,8 +62,9 @@ class Actions:
     def __init__(self, monitor: Monitor) -> None:
         cfg = monitor.config
         self.monitor = monitor
-        rank = monitor.ranks.rank if monitor.ranks.distributed else None
-        self.diagnoser = Diagnoser(cfg.alerts, tracked=list(cfg.track_metrics), rank=rank)
+        self.diagnoser = Diagnoser(
+            cfg.alerts, tracked=list(cfg.track_metrics), rank=monitor.ranks.label
+        )
         self.break_on = compile_expression(cfg.break_on) if cfg.break_on else None
         snap = cfg.snapshot
         self.max_raw = int(snap.get("max_raw", DEFAULT_MAX_RAW))
@@ -216,9 +218,9 @@ class Actions:
         stop = n >= limit
         if stop:
             message += f"; {n} updates skipped in a row (limit {limit}): stopping the run"
-        alert = Alert(step, kind, SEVERITY[kind], message, step, tag, value, self._rank())
-        self._record_alert(alert, "skip")
         mon = self.monitor
+        alert = Alert(step, kind, SEVERITY[kind], message, step, tag, value, mon.ranks.label)
+        self._record_alert(alert, "skip")
         skipped = f"{kind}: {why}: update of step {step} skipped"
         mon.intervene("skip", kind, ALERT_ACTION, True, skipped, at=step)  # before it counts
         if stop:
@@ -263,9 +265,6 @@ class Actions:
         mon.alerts.append(alert)
         mon.records.alert(alert)
 
-    def _rank(self) -> int | None:
-        return self.diagnoser.rank
-
     def _record_alert(self, alert: Any, action: str) -> None:
         """Keep ``alert``, log it once, append it (with the action taken) to alerts.jsonl."""
         mon = self.monitor
@@ -309,9 +308,8 @@ class Actions:
             mon.intervene(CHECKPOINT.name, alert.kind, ALERT_ACTION, False, message)
             mon.warn_once("checkpoint action", f"{alert.kind}: {message}")
             return
-        message = f"{alert.kind}: checkpoint of step {saved['step']} saved: {saved['path']}"
-        extra = {"path": saved["path"], "bytes": saved["bytes"]}
-        mon.intervene(CHECKPOINT.name, alert.kind, ALERT_ACTION, True, message, **extra)
+        message = f"{alert.kind}: {saved['message']}"
+        mon.intervene(CHECKPOINT.name, alert.kind, ALERT_ACTION, True, message, **recorded(saved))
 
     # --- snapshots -------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from msmon_nb.config import ConfigError
+from msmon_nb.monitor.levers import recorded
 from msmon_nb.rundir.control import (
     CHECKPOINT,
     COMMANDS,
@@ -149,9 +150,7 @@ def _checkpoint(mon: Monitor, _arg: Any, _by: str) -> Done:
     if not mon.enabled:
         raise Refused("this monitor is disabled (enable_monitor: false): nothing to save")
     saved = mon.checkpoint()
-    mb = saved["bytes"] / 1e6
-    message = f"checkpoint of step {saved['step']} saved: {saved['path']} ({mb:.3g} MB)"
-    return Done(message, {"path": saved["path"], "bytes": saved["bytes"]})
+    return Done(saved["message"], recorded(saved))
 
 
 def _lr(mon: Monitor, factor: float, _by: str) -> str:

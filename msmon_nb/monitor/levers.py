@@ -49,15 +49,24 @@ class Levers:
 
     def checkpoint(self, write_dir: Path | None, step: int | None) -> dict[str, Any]:
         """Save the known network and optimizer state into
-        ``<write_dir>/checkpoints/step_<step>.ckpt``; ``{step, path, bytes, params}``.
-        ``ValueError`` saying why when there is nowhere to save or nothing known."""
+        ``<write_dir>/checkpoints/step_<step>.ckpt``; ``{step, path, bytes, params,
+        message}`` (``message``: the one sentence every road answers with: the panel,
+        ``msmon ctl``, the viewer and the ``checkpoint`` alert action). ``ValueError``
+        saying why when there is nowhere to save or nothing known."""
         if write_dir is None:
             raise ValueError("this run writes nothing to disk (disabled, or its dir failed)")
         if step is None:
             raise ValueError("no step has finished yet; checkpoint after the first step")
         path = write_dir / CHECKPOINTS / f"step_{step}.ckpt"
         params, size = checkpoints.save(self._network(), self._optimizer(), path)
-        return {"step": step, "path": str(path), "bytes": size, "params": params}
+        message = f"checkpoint of step {step} saved: {path} ({size / 1e6:.3g} MB)"
+        return {
+            "step": step,
+            "path": str(path),
+            "bytes": size,
+            "params": params,
+            "message": message,
+        }
 
     def scale_lr(self, factor: float) -> str:
         """Multiply the known optimizer's lr by ``factor`` from the next step on, where
@@ -66,3 +75,8 @@ class Levers:
         first = done[0]
         groups = f" ({len(done)} lr Parameters)" if len(done) > 1 else ""
         return f"lr x{factor:g}: {first[1]:.6g} -> {first[2]:.6g}{groups} from the next step on"
+
+
+def recorded(saved: dict[str, Any]) -> dict[str, Any]:
+    """What an intervention record keeps of a saved checkpoint (the viewer lists it)."""
+    return {"path": saved["path"], "bytes": saved["bytes"]}
