@@ -60,7 +60,8 @@ class Argument:
     ``minimum`` (above it when ``above``: a factor of 0 is no factor); ``name`` is how
     usage lines and pages call it (``freq N``); ``example`` is shown in errors and is
     where a page's field starts; ``prefixes`` may stand before the number and are
-    dropped (``lr x0.5`` and ``lr ×0.5`` read as 0.5)."""
+    dropped (``lr x0.5``, ``lr X0.5`` and ``lr ×0.5`` read as 0.5); a float may be a
+    fraction (``lr x1/3``, the undo of ``lr x3``)."""
 
     name: str
     kind: type
@@ -82,7 +83,11 @@ class Argument:
         try:
             if isinstance(value, bool) or value is None:
                 raise ValueError
-            number = int(text) if whole else float(text)
+            if not whole and text.count("/") == 1:  # lr x1/3: the undo of lr x3
+                top, bottom = (float(part) for part in text.split("/"))
+                number = top / bottom if bottom else None
+            else:
+                number = int(text) if whole else float(text)
         except ValueError:
             number = None
         low = number is not None and (
@@ -163,7 +168,7 @@ LR = CommandSpec(
     "lr \u00d7",
     "scale the learning rate by F from the next step on (a constant or list lr; "
     "lr x2 undoes lr x0.5 exactly)",
-    Argument("xF", float, 0.0, 0.5, above=True, prefixes="x\u00d7*"),
+    Argument("xF", float, 0.0, 0.5, above=True, prefixes="xX\u00d7*"),
     button=True,
 )
 SPECS: dict[str, CommandSpec] = {

@@ -188,12 +188,16 @@ def test_lr_forms_constant_grouped_undo_and_a_schedule_cell_refused_unchanged(tm
     ]
 
 
-@pytest.mark.parametrize("text", ["x0.5", "\u00d70.5", "0.5", " x 0.5", "*0.5"])
+@pytest.mark.parametrize(
+    "text", ["x0.5", "\u00d70.5", "0.5", " x 0.5", "*0.5", "X0.5", "x1/2", "\u00d7 2/4"]
+)
 def test_lr_factor_forms(text):
     assert check_command("lr", text) == ("lr", 0.5)
 
 
-@pytest.mark.parametrize("text", ["x0", "-1", "x", "inf", "nan", None, "y0.5"])
+@pytest.mark.parametrize(
+    "text", ["x0", "-1", "x", "inf", "nan", None, "y0.5", "x1/0", "x1/2/3", "x/2", "x0/1"]
+)
 def test_bad_lr_factors_say_the_form(text):
     with pytest.raises(ControlError, match=r"lr needs a finite number > 0 \(e\.g\. lr x0\.5\)"):
         check_command("lr", text)
