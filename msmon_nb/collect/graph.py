@@ -421,8 +421,25 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
         fresh = skipped = reason = count
         check_nonfinite = check_loss = False
 
-    # MindSpore parses this function's source when it compiles a graph that calls the
-    # optimizer: it must stay plain graph syntax (closure variables, no try/with).
+    # MindSpore parses these functions' source when it compiles a graph that calls the
+    # optimizer: they must stay plain graph syntax (closure variables, no try/with).
+    def store_norms(self, gradients):
+        # the global norm, the optimizer's loss scale undone, stored into ``norm``; with
+        # blame (``keeps``, a constant: without it the graph is the one it was) each
+        # gradient's norm into ``each`` too. (total, the stores' token); both branches
+        # of ``construct`` call it, inlined where the graph compiles
+        squares = [square_sum(g) for g in gradients]
+        total = ops.sqrt(ops.addn(squares))
+        if scaled and self.need_scale:
+            total = total * self.reciprocal_scale
+        stored = ops.assign(norm, total)
+        if keeps:
+            norms = ops.sqrt(ops.stack(squares))
+            if scaled and self.need_scale:
+                norms = norms * self.reciprocal_scale
+            stored = ops.depend(stored, keep_each(each, norms, len(squares)))
+        return total, stored
+
     def construct(self, gradients):
         if mode.python and not gated:
             return getattr(self, attr)(gradients)
@@ -437,32 +454,14 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
             # 2.10), and a ``depend`` over the gradients turned a sparse one's type
             # "Undetermined" (LazyAdam's graph then failed to compile)
             if on > 0:
-                squares = [square_sum(g) for g in gradients]
-                total = ops.sqrt(ops.addn(squares))
-                if scaled and self.need_scale:
-                    total = total * self.reciprocal_scale
-                stored = ops.assign(norm, total)
-                if keeps:  # a constant: without blame the graph is the one it was
-                    norms = ops.sqrt(ops.stack(squares))
-                    if scaled and self.need_scale:
-                        norms = norms * self.reciprocal_scale
-                    stored = ops.depend(stored, keep_each(each, norms, len(squares)))
+                _, stored = store_norms(self, gradients)
                 token = ops.depend(_ONE, stored)
             else:
                 token = _ZERO
             done = getattr(self, attr)(gradients)
             return ops.depend(done, ops.depend(token, called))
         gradients = ops.depend(gradients, called)
-        squares = [square_sum(g) for g in gradients]
-        total = ops.sqrt(ops.addn(squares))
-        if scaled and self.need_scale:
-            total = total * self.reciprocal_scale
-        stored = ops.assign(norm, total)
-        if keeps:  # a constant: without blame the graph is the one it was
-            norms = ops.sqrt(ops.stack(squares))
-            if scaled and self.need_scale:
-                norms = norms * self.reciprocal_scale
-            stored = ops.depend(stored, keep_each(each, norms, len(squares)))
+        total, stored = store_norms(self, gradients)
         gradients = ops.depend(gradients, stored)
         has_loss = fresh > _ZERO
         finite = ops.logical_and(
