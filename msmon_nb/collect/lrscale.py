@@ -22,7 +22,7 @@ from typing import Any
 
 from msmon_nb.collect.active import quiet
 from msmon_nb.collect.tensors import to_numpy
-from msmon_nb.collect.values import forget_schedule
+from msmon_nb.collect.values import forget_schedule, read_global_step
 
 
 class CannotScale(ValueError):
@@ -74,12 +74,16 @@ def _parameter_of(form: Any) -> Any:
     return None
 
 
-def scale_lr(optimizer: Any, factor: float) -> list[tuple[str, float, float]]:
+def scale_lr(optimizer: Any, factor: float) -> list[tuple[str, float, float, int]]:
     """Multiply every lr Parameter of ``optimizer`` by ``factor`` (checked all first:
-    ``CannotScale`` changes nothing); ``[(name, first value before, after)]``."""
+    ``CannotScale`` changes nothing); ``[(name, before, after, entries)]``: the lr the
+    next update would have used and will use, ``entries`` > 1 for a list schedule (its
+    entry at the optimizer's ``global_step``, a Parameter read: the list's first value
+    would tell a user of a warmup nothing about the lr in use)."""
     import mindspore
 
     params = lr_parameters(optimizer)
+    step = read_global_step(optimizer)
     done = []
     with quiet():  # our framework calls are no step of the user's
         for param in params:
@@ -90,5 +94,8 @@ def scale_lr(optimizer: Any, factor: float) -> list[tuple[str, float, float]]:
             # before keeps not reading
             mindspore.ops.assign(param, mindspore.Tensor(after, dtype=param.dtype))
             forget_schedule(param)
-            done.append((param.name, float(before.reshape(-1)[0]), float(after.reshape(-1)[0])))
+            size = before.size
+            at = min(max(step or 0, 0), size - 1)  # past the end: its last entry
+            was, now = before.reshape(-1)[at], after.reshape(-1)[at]
+            done.append((param.name, float(was), float(now), int(size)))
     return done

@@ -72,9 +72,10 @@ class Levers:
         """Multiply the known optimizer's lr by ``factor`` from the next step on, where
         that is exact; what changed. ``ValueError`` saying why not (nothing changed)."""
         done = lrscale.scale_lr(self._optimizer(), factor)
-        first = done[0]
+        _, before, after, entries = done[0]
+        whole = f" (the whole {entries}-entry list)" if entries > 1 else ""
         groups = f" ({len(done)} lr Parameters)" if len(done) > 1 else ""
-        return f"lr x{factor:g}: {first[1]:.6g} -> {first[2]:.6g}{groups} from the next step on"
+        return f"lr x{factor:g}: {before:.6g} -> {after:.6g}{whole}{groups} from the next step on"
 
 
 def recorded(saved: dict[str, Any]) -> dict[str, Any]:

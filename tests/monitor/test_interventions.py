@@ -128,6 +128,10 @@ def test_lr_x_half_from_msmon_ctl_on_model_train_with_a_list_schedule(tmp_path, 
     assert entry["label"] == "lr x0.5"
     k = entry["step"]
     assert 5 <= k < steps - 5
+    # the answer names the lr in use (the entry step k+1 trains with), not the list's first
+    half = np.float32(lr[k]) * np.float32(0.5)
+    said = f"lr x0.5: {float(np.float32(lr[k])):.6g} -> {float(half):.6g} (the whole {steps}-entry"
+    assert entry["message"].startswith(said), (entry["message"], said)
     series = run.scalars("train/learning_rate")
     got = dict(zip(series.steps.tolist(), series.values.tolist(), strict=True))
     table = np.asarray(lr, np.float32)
