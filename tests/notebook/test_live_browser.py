@@ -537,11 +537,14 @@ def test_lr_and_checkpoint_from_the_panel_while_the_cell_runs_restore_bit_identi
         page.wait_for_function(result_js(1, "lr refused: "), timeout=10_000)
         second = page.locator(".msmon-panel").nth(1)
         refusal = second.locator(".msmon-result").inner_text()
-        refused_shown = "msmon-refused" in (second.locator(".msmon-result").get_attribute("class"))
-        time.sleep(0.5)  # a mark would be drawn with the answer's next update
-        unmarked = page.evaluate(marks_js(1))
+        refused_shown = "msmon-refused" in second.locator(".msmon-result").get_attribute("class")
+        at = page.evaluate(chart)
+        page.wait_for_function(f"{chart} > {at + 3}", timeout=30_000)  # trains on, unchanged
         second.locator("button.msmon-stop").click()
         page.wait_for_function(cell_done_js(3), timeout=30_000)
+        # the stop is drawn as a mark on every chart; the refusal, which changed nothing, not
+        page.wait_for_function(f"{marks_js(1)}.every(m => m.length > 0)", timeout=10_000)
+        stop_marks = page.evaluate(marks_js(1))
 
     restored = json.loads((tmp_path / "restored.json").read_text())
     k = restored["k"]
@@ -577,8 +580,9 @@ def test_lr_and_checkpoint_from_the_panel_while_the_cell_runs_restore_bit_identi
     assert refusal == refused["message"] and refused_shown, refusal
     assert refusal.startswith("lr refused: Momentum's lr is a ExponentialDecayLR"), refusal
     assert "LearningRateSchedule" in refusal and "Nothing was changed" in refusal, refusal
-    assert all(m == [] for m in unmarked), unmarked  # a refusal changed nothing: no mark
+    assert len(stop_marks) >= 3, stop_marks
+    assert all(m == [[stopped["step"], "stop"]] for m in stop_marks), stop_marks
     decayed = schedule.scalars("train/learning_rate")
     assert decayed.steps[-1] > refused["step"] + 3  # steps after the refusal were recorded
-    steps = decayed.steps.astype(np.float64)  # 0.05 * 0.9 ** (step / 10), as before it
+    steps = decayed.steps.astype(np.float64)  # the schedule's, before and after the refusal
     np.testing.assert_allclose(decayed.values, 0.05 * 0.9 ** (steps / 10), rtol=1e-5)
