@@ -6,11 +6,14 @@ MODE: ``straggle`` (rank 1 sleeps 150 ms each step from step 30, in plain Python
 any framework call: in the batch generator, at the top of the loop body, or in a
 callback's ``on_train_step_begin``), ``kill`` (rank 1 kills itself with SIGKILL when
 step 40 begins), ``outlier`` (rank 1's batch at step 40 is scaled x50 and its labels
-flipped: an unnormalised, mislabelled record), ``healthy``. Modes join with ``+``:
-``straggle+outlier``.
+flipped: an unnormalised, mislabelled record), ``checkpoint`` (from step 20 both ranks
+slow to 0.2 s a step until each rank's checkpoint is on disk: the test sends ``msmon ctl
+RUN checkpoint`` mid-run, and however late it comes, it lands before the loop ends),
+``healthy``. Modes join with ``+``: ``healthy+checkpoint``.
 
 LOOP: ``watch`` (default: an ordinary loop under ``mon.watch()``), ``step`` (the same
-loop recorded with explicit ``mon.step``), ``model`` (``Model.train`` with the
+loop recorded with explicit ``mon.step``, which is given the optimizer, as a user's
+loop gives it for ``checkpoint`` to have something to save), ``model`` (``Model.train`` with the
 monitor's callback; steps counted from 1 as MindSpore counts them), ``graph`` (the
 same ``Model.train`` in GRAPH mode, where the all-reduce is compiled).
 """
@@ -26,6 +29,7 @@ from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 
 from msmon_nb.monitor import Monitor
+from msmon_nb.rundir import CHECKPOINTS
 
 save_dir, mode, steps = sys.argv[1], sys.argv[2].split("+"), int(sys.argv[3])
 loop = sys.argv[4] if len(sys.argv) > 4 else "watch"
@@ -39,13 +43,21 @@ net = nn.SequentialCell([nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 3)])
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 opt = nn.SGD(net.trainable_params(), 0.05)
 rng = np.random.default_rng(rank)
-BATCH, SLOW_FROM, OUTLIER_AT = 16, 30, 40
+BATCH, SLOW_FROM, OUTLIER_AT, HOLD_FROM = 16, 30, 40, 20
+
+
+def saved_everywhere() -> bool:
+    """Every rank's checkpoint is on disk (each rank saves into its own ``rank_<k>/``)."""
+    return len(list(mon.run_dir.glob(f"rank_*/{CHECKPOINTS}/step_*.ckpt"))) >= size
 
 
 def slow_down(step: int) -> None:
-    """The straggler and the killed rank: plain Python, no framework call."""
+    """The straggler, the killed rank and the wait for a checkpoint: plain Python, no
+    framework call. Both ranks wait alike (for every rank's file), so no rank is slower."""
     if "straggle" in mode and rank == 1 and step >= SLOW_FROM:
         time.sleep(0.15)
+    if "checkpoint" in mode and step >= HOLD_FROM and not saved_everywhere():
+        time.sleep(0.2)
     if "kill" in mode and rank == 1 and step == 40:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -82,7 +94,7 @@ with Monitor(save_dir=save_dir, model_name="dp", flush_secs=0.2) as mon:
             loss, grads = grad_fn(ms.Tensor(x), ms.Tensor(y))
             reduced = reducer(grads)
             opt(reduced)
-            mon.step(loss=loss, grads=reduced, batch_size=BATCH)
+            mon.step(loss=loss, grads=reduced, batch_size=BATCH, optimizer=opt)
     else:
         import mindspore.dataset as ds
         from mindspore.train import Callback, Model

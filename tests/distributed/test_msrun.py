@@ -14,6 +14,9 @@ import pytest
 
 from msmon_nb.diagnose.rankrules import rank_alerts
 from msmon_nb.events.runs import load_runs
+from msmon_nb.rundir import MARKER
+from msmon_nb.viewer.api import ROUTES
+from msmon_nb.viewer.store import RunStore
 
 SCRIPT = Path(__file__).with_name("dp_train.py")
 BIN = Path(sys.executable).parent
@@ -54,12 +57,15 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def job(tmp_path: Path, mode: str, steps: int, loop: str):
-    """Run the job to its end; its one run, and each worker's log."""
+def job(tmp_path: Path, mode: str, steps: int, loop: str, during=None):
+    """Run the job to its end; its one run, and each worker's log. ``during(runs_dir)``
+    is called while the job runs (e.g. to send it a command)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     logs = tmp_path / "logs"
     proc = msrun(tmp_path / "runs", mode, steps, logs, loop)
     try:
+        if during is not None:
+            during(tmp_path / "runs")
         assert proc.wait(240) == 0, (logs / "worker_1.log").read_text()[-2000:]
     finally:
         stop(proc)
@@ -75,7 +81,7 @@ def overloaded() -> bool:
     return os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
 
 
-def timing_job(tmp_path: Path, mode: str, steps: int, loop: str, check) -> None:
+def timing_job(tmp_path: Path, mode: str, steps: int, loop: str, check, during=None) -> None:
     """``check(run)`` on a job whose assertions depend on the ranks' timing.
 
     A straggler is a rank slower than the others, so a host overloaded by other work
@@ -84,7 +90,7 @@ def timing_job(tmp_path: Path, mode: str, steps: int, loop: str, check) -> None:
     more on a fresh job, with a warning saying so; on a quiet host it fails at once."""
     for attempt in (1, 2):
         busy_before = overloaded()
-        run, _ = job(tmp_path / f"attempt{attempt}", mode, steps, loop)
+        run, _ = job(tmp_path / f"attempt{attempt}", mode, steps, loop, during)
         try:
             check(run)
             return
@@ -204,8 +210,61 @@ def test_straggler_sleeping_outside_the_framework_found_by_collective_wait(tmp_p
     timing_job(tmp_path, "straggle", 60, "step", check)
 
 
+def ctl_checkpoint(runs: Path) -> subprocess.CompletedProcess:
+    """``msmon ctl RUN checkpoint`` once both ranks' monitors opened the run (a command
+    appended before a monitor opened it is not that monitor's)."""
+    deadline = time.monotonic() + 120
+    markers: list[Path] = []
+    while len(markers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        markers = sorted(runs.glob(f"*/rank_*/{MARKER}"))
+    assert len(markers) == 2, markers
+    run_dir = markers[0].parent.parent
+    command = ["ctl", str(run_dir), "checkpoint", "--timeout", "60"]
+    return subprocess.run(
+        [sys.executable, "-m", "msmon_nb.cli", *command], capture_output=True, text=True, timeout=90
+    )
+
+
+def check_checkpoints(run, done: subprocess.CompletedProcess) -> None:
+    """Each rank saved its own ``rank_<k>/checkpoints/step_<n>.ckpt`` (n: the step that
+    rank had finished when it read the command), recorded it, and each file loads."""
+    import mindspore as ms
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    saved = {}
+    for rank in (0, 1):
+        [entry] = [i for i in run.interventions if i["rank"] == rank]
+        assert (entry["what"], entry["who"], entry["ok"]) == ("checkpoint", "ctl", True), entry
+        step = entry["step"]
+        assert 0 <= step < 59  # mid-run: the loop went on after it
+        path = run.path / f"rank_{rank}" / "checkpoints" / f"step_{step}.ckpt"
+        assert Path(entry["path"]) == path and entry["bytes"] == path.stat().st_size > 0
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+        line = f"rank {rank}, step {step}: ok: checkpoint of step {step} saved: {path} ("
+        assert line in done.stdout, done.stdout
+        saved[rank] = (step, str(path), entry["bytes"])
+    assert len(run.interventions) == 2
+    listed = [(c["rank"], c["step"], c["path"], c["bytes"]) for c in run.checkpoints]
+    assert sorted(listed) == [(r, *saved[r]) for r in (0, 1)]
+    store = RunStore(run.path.parent)  # the viewer serves the same list, with the ranks
+    store.scan()
+    served = ROUTES["/api/checkpoints"](store, {"run": [run.name]})
+    assert sorted((c["rank"], c["step"], c["path"], c["bytes"]) for c in served) == sorted(listed)
+    loaded = {r: ms.load_checkpoint(saved[r][1]) for r in (0, 1)}
+    weights = {"0.weight", "0.bias", "2.weight", "2.bias"}
+    for params in loaded.values():
+        assert weights | {"learning_rate"} <= set(params), sorted(params)
+        assert params["0.weight"].shape == (16, 8) and params["2.bias"].shape == (3,)
+    if saved[0][0] == saved[1][0]:  # the same step: data parallel keeps equal replicas
+        for name in weights:
+            assert np.array_equal(loaded[0][name].asnumpy(), loaded[1][name].asnumpy()), name
+
+
 @pytest.mark.slow
-def test_healthy_job_has_no_straggler_and_no_rank_spike(tmp_path):
+def test_healthy_job_has_no_straggler_and_no_rank_spike_and_checkpoints_each_rank(tmp_path):
+    sent: list[subprocess.CompletedProcess] = []  # this attempt's msmon ctl is the last
+
     def check(run):
         for rank in (0, 1):
             tags = run.tags(rank=rank)
@@ -218,8 +277,17 @@ def test_healthy_job_has_no_straggler_and_no_rank_spike(tmp_path):
         alerts = rank_alerts(run)
         assert not [a for a in alerts if a.kind != "rank_stopped"], [a.message for a in alerts]
         assert recorded(run, "straggler", "rank_grad_spike", "rank_loss_spike") == []
+        check_checkpoints(run, sent[-1])
 
-    timing_job(tmp_path, "healthy", 60, "step", check)
+    # both ranks slow down from step 20 until each saved: the command lands mid-run
+    timing_job(
+        tmp_path,
+        "healthy+checkpoint",
+        60,
+        "step",
+        check,
+        lambda runs: sent.append(ctl_checkpoint(runs)),
+    )
 
 
 @pytest.mark.slow

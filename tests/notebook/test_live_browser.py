@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from msmon_nb.events.runs import load_run, load_runs
@@ -439,6 +440,7 @@ for step in range(300):
 """
 
 # fresh objects take the checkpoint and go on: the same losses and weights as the run
+# (the saved lr Parameter is the list as lr x0.5 left it)
 RESTORE = """import json
 from msmon_nb.events.runs import load_run
 [entry] = [i for i in load_run("summary/live").interventions if i["what"] == "checkpoint"]
@@ -456,44 +458,131 @@ for step in range(k + 1, 300):
 weights = [(a.asnumpy(), b.asnumpy()) for a, b in zip(net.get_parameters(), net2.get_parameters())]
 with open("restored.json", "w") as f:
     json.dump({"k": k, "who": entry["who"], "missing": missing, "n": len(more),
-               "same_losses": more == losses[k + 1:],
+               "same_losses": more == losses[k + 1:], "lr": lr[:300],
                "same_weights": all(np.array_equal(a, b) for a, b in weights)}, f)
 """
 
+# an lr computed by a LearningRateSchedule cell: lr x0.5 is refused, nothing changed
+SCHEDULE_TRAIN = """%%msmonitor --dir summary --run schedule
+net3 = nn.SequentialCell([nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 2)])
+opt3 = nn.Momentum(net3.trainable_params(), nn.ExponentialDecayLR(0.05, 0.9, 10), 0.9)
+grad3 = ms.value_and_grad(lambda a, b: loss_fn(net3(a), b), None, opt3.parameters)
+for step in range(2000):
+    loss, grads = grad3(x, y)
+    opt3(grads)
+    time.sleep(0.02)
+"""
+
+
+def panel_js(i: int, expr: str) -> str:
+    """JS for ``expr`` over ``panel``, the page's ``i``-th msmon panel (one per cell)."""
+    return f"(panel => {expr})(document.querySelectorAll('.msmon-panel')[{i}])"
+
+
+def marks_js(i: int) -> str:
+    """JS: the intervention marks each chart of panel ``i`` draws, ``[step, label]``."""
+    return panel_js(
+        i,
+        "[...panel.querySelectorAll('.msmon-chart')]"
+        ".map(e => e.msmonChart.drawn().marks.map(m => [m.step, m.label]))",
+    )
+
+
+def result_js(i: int, start: str) -> str:
+    """JS: panel ``i`` shows an answer to a command that starts with ``start``."""
+    return panel_js(
+        i, f"!!panel && panel.querySelector('.msmon-result').textContent.startsWith('{start}')"
+    )
+
+
+def lr_times_half(page, i: int) -> None:
+    """Type 0.5 into panel ``i``'s lr field and click the button beside it."""
+    panel = page.locator(".msmon-panel").nth(i)
+    panel.locator("input.msmon-lr").fill("0.5")
+    panel.locator("button.msmon-lr-send").click()
+
 
 @pytest.mark.slow
-def test_a_checkpoint_from_the_panel_while_the_cell_runs_restores_bit_identically(tmp_path):
-    """The panel's Checkpoint button (from the kernel's command table) saves the network
-    and optimizer at a step boundary while the cell trains: acknowledged in the panel,
-    drawn as a mark on every chart, and loaded into a fresh net and optimizer that go on
-    with exactly the losses and weights of the uninterrupted run."""
-    write_notebook(tmp_path / "ckpt.ipynb", [SETUP, CKPT_TRAIN, RESTORE])
+def test_lr_and_checkpoint_from_the_panel_while_the_cell_runs_restore_bit_identically(tmp_path):
+    """The panel's lr and Checkpoint controls (from the kernel's command table) act at a
+    step boundary while the cell trains, each acknowledged in the panel and drawn as a
+    mark on every chart: lr x0.5 halves the list schedule's lr from the next step on
+    (read back from the run), and the checkpoint, loaded into a fresh net and optimizer,
+    goes on with exactly the losses and weights of the run. In a cell whose lr is a
+    LearningRateSchedule, the panel shows lr x0.5 refused, saying why, and the lr
+    follows its schedule unchanged."""
+    cells = [SETUP, CKPT_TRAIN, RESTORE, SCHEDULE_TRAIN]
+    write_notebook(tmp_path / "ckpt.ipynb", cells)
     with jupyter_page(tmp_path, "ckpt.ipynb") as page:
         run_all(page)
         page.wait_for_function(
             f"Number(document.querySelector('{CHART}')?.dataset.lastStep) > 20",
             timeout=120_000,
         )
+        lr_times_half(page, 0)
+        page.wait_for_function(result_js(0, "lr x0.5: "), timeout=10_000)
+        lr_answer = page.locator(".msmon-result").first.inner_text()
+        page.wait_for_function(f"{marks_js(0)}.every(m => m.length === 1)", timeout=10_000)
+        lr_marks = page.evaluate(marks_js(0))
         click(page, "Checkpoint")
-        page.wait_for_function(
-            "document.querySelector('.msmon-result').textContent.startsWith('checkpoint of')",
-            timeout=10_000,
-        )
-        answer = page.locator(".msmon-result").inner_text()
-        marks = (
-            "[...document.querySelectorAll('.msmon-panel .msmon-chart')]"
-            ".map(e => e.msmonChart.drawn().marks.map(m => [m.step, m.label]))"
-        )
-        page.wait_for_function(f"{marks}.every(m => m.length === 1)", timeout=10_000)
-        per_chart = page.evaluate(marks)
+        page.wait_for_function(result_js(0, "checkpoint of"), timeout=10_000)
+        answer = page.locator(".msmon-result").first.inner_text()
+        page.wait_for_function(f"{marks_js(0)}.every(m => m.length === 2)", timeout=10_000)
+        per_chart = page.evaluate(marks_js(0))
         page.wait_for_function(cell_done_js(2), timeout=120_000)
+
+        chart = panel_js(1, f"Number(panel?.querySelector('{CHART}')?.dataset.lastStep)")
+        page.wait_for_function(f"{chart} > 5", timeout=120_000)
+        lr_times_half(page, 1)
+        page.wait_for_function(result_js(1, "lr refused: "), timeout=10_000)
+        second = page.locator(".msmon-panel").nth(1)
+        refusal = second.locator(".msmon-result").inner_text()
+        refused_shown = "msmon-refused" in second.locator(".msmon-result").get_attribute("class")
+        at = page.evaluate(chart)
+        page.wait_for_function(f"{chart} > {at + 3}", timeout=30_000)  # trains on, unchanged
+        second.locator("button.msmon-stop").click()
+        page.wait_for_function(cell_done_js(3), timeout=30_000)
+        # the stop is drawn as a mark on every chart; the refusal, which changed nothing, not
+        page.wait_for_function(f"{marks_js(1)}.every(m => m.length > 0)", timeout=10_000)
+        stop_marks = page.evaluate(marks_js(1))
+
     restored = json.loads((tmp_path / "restored.json").read_text())
     k = restored["k"]
-    assert answer.startswith(f"checkpoint of step {k} saved: "), answer
-    assert len(per_chart) >= 3 and all(m == [[k, "checkpoint"]] for m in per_chart), per_chart
-    assert restored["who"] == "panel" and restored["missing"] == []
-    assert 20 < k < 299 and restored["n"] == 299 - k
-    assert restored["same_losses"] and restored["same_weights"], restored
     run = load_run(tmp_path / "summary" / "live")
     assert run.status == "finished"
+    lr_done, ckpt_done = run.interventions
+    assert (lr_done["what"], lr_done["arg"], lr_done["who"], lr_done["ok"]) == (
+        "lr", 0.5, "panel", True,
+    ), lr_done  # fmt: skip
+    k_lr = lr_done["step"]
+    assert 20 < k_lr < k < 299 and ckpt_done["step"] == k
+    assert lr_answer == lr_done["message"] and lr_answer.startswith("lr x0.5: "), lr_answer
+    assert lr_answer.endswith(" from the next step on"), lr_answer
+    assert len(lr_marks) >= 3 and all(m == [[k_lr, "lr x0.5"]] for m in lr_marks), lr_marks
+    series = run.scalars("train/learning_rate")
+    table = np.asarray(restored["lr"], np.float32)
+    assert series.steps.tolist() == list(range(300))
+    for step, value in zip(series.steps.tolist(), series.values.tolist(), strict=True):
+        want = table[step] * np.float32(0.5) if step > k_lr else table[step]
+        assert value == float(want), (step, k_lr, value, float(want))
+
+    assert answer.startswith(f"checkpoint of step {k} saved: "), answer
+    assert all(m == [[k_lr, "lr x0.5"], [k, "checkpoint"]] for m in per_chart), per_chart
+    assert restored["who"] == "panel" and restored["missing"] == []
+    assert restored["n"] == 299 - k
+    assert restored["same_losses"] and restored["same_weights"], restored
     assert [(c["step"], c["rank"]) for c in run.checkpoints] == [(k, None)]
+
+    schedule = load_run(tmp_path / "summary" / "schedule")
+    refused, stopped = schedule.interventions  # then the panel's Stop
+    assert (refused["what"], refused["who"], refused["ok"]) == ("lr", "panel", False), refused
+    assert (stopped["what"], stopped["ok"], schedule.status) == ("stop", True, "stopped")
+    assert refusal == refused["message"] and refused_shown, refusal
+    assert refusal.startswith("lr refused: Momentum's lr is a ExponentialDecayLR"), refusal
+    assert "LearningRateSchedule" in refusal and "Nothing was changed" in refusal, refusal
+    assert len(stop_marks) >= 3, stop_marks
+    assert all(m == [[stopped["step"], "stop"]] for m in stop_marks), stop_marks
+    decayed = schedule.scalars("train/learning_rate")
+    assert decayed.steps[-1] > refused["step"] + 3  # steps after the refusal were recorded
+    steps = decayed.steps.astype(np.float64)  # the schedule's, before and after the refusal
+    np.testing.assert_allclose(decayed.values, 0.05 * 0.9 ** (steps / 10), rtol=1e-5)
