@@ -80,6 +80,22 @@ def twin(clip=0.0, ema=False, accumulate=1):
     return ref, net
 
 
+@pytest.fixture(scope="module")
+def twins():
+    """``twin(...)``, run once per configuration in this module: the clip test and the
+    watch test check against the same clip=0.5 twin (a twin only reads the suite's
+    trainer; nothing writes to it after it ran). Saves one mobilenet twin, ~10 s of CPU."""
+    done: dict[tuple, tuple] = {}
+
+    def get(clip: float = 0.0, ema: bool = False, accumulate: int = 1):
+        key = (clip, ema, accumulate)
+        if key not in done:
+            done[key] = twin(clip, ema, accumulate)
+        return done[key]
+
+    return get
+
+
 def monitored(tmp_path, clip=0.0, ema=False, accumulate=1):
     net, _, model = build(clip, ema, accumulate)
     with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
@@ -90,8 +106,8 @@ def monitored(tmp_path, clip=0.0, ema=False, accumulate=1):
 @pytest.mark.parametrize(
     ("clip", "ema"), [(0.0, False), (0.5, False), (0.5, True)], ids=["scaled", "clip", "clip+ema"]
 )
-def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, clip, ema):
-    ref, plain_net = twin(clip, ema)
+def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, twins, clip, ema):
+    ref, plain_net = twins(clip, ema)
     net, mon, run = monitored(tmp_path, clip, ema)
     steps = list(range(1, STEPS + 1))
     grad_norm = run.scalars("train/grad_norm")
@@ -109,12 +125,12 @@ def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, clip, ema):
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
-def test_accumulation_records_the_applied_gradient(tmp_path):
+def test_accumulation_records_the_applied_gradient(tmp_path, twins):
     """``gradient_accumulation_steps=2``: MindCV adds grad/2 of each micro-batch and steps
     the optimizer on every second ``Model.train`` step: grad_norm is the norm of that
     mean, on the steps that apply it. No micro-batch's own gradient leaves MindCV's graph:
     one warning says micro_grad_norm is not recorded."""
-    ref, plain_net = twin(accumulate=2)
+    ref, plain_net = twins(accumulate=2)
     with pytest.warns(UserWarning, match="micro_grad_norm is not recorded"):
         net, mon, run = monitored(tmp_path, accumulate=2)
     assert "train/micro_grad_norm" not in run.tags  # never a micro-batch's: said instead
@@ -126,11 +142,11 @@ def test_accumulation_records_the_applied_gradient(tmp_path):
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
-def test_clipping_each_micro_batch_is_said_not_hidden(tmp_path):
+def test_clipping_each_micro_batch_is_said_not_hidden(tmp_path, twins):
     """Accumulation with clipping: MindCV clips every micro-batch before adding it, so no
     unclipped accumulated gradient exists. grad_norm stays empty (a warning says why);
     each micro-batch's norm before clipping and the clipped sum are recorded."""
-    ref, plain_net = twin(clip=0.5, accumulate=2)
+    ref, plain_net = twins(clip=0.5, accumulate=2)
     with pytest.warns(UserWarning, match="clips each micro-batch"):
         net, mon, run = monitored(tmp_path, clip=0.5, accumulate=2)
     assert "train/grad_norm" not in run.tags
@@ -144,11 +160,11 @@ def test_clipping_each_micro_batch_is_said_not_hidden(tmp_path):
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
-def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path):
+def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path, twins):
     """``%%msmonitor`` on a ``Model.train`` cell: the watch adds the callback and steps
     aside (its own clip and optimizer wrappers are lifted while ``Model.train`` runs), so
     the compiled graph holds one set of wrappers."""
-    ref, ref_net = twin(clip=0.5)
+    ref, ref_net = twins(clip=0.5)
     net, _, model = build(clip=0.5)
     with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
         train(model, [])
