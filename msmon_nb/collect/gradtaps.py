@@ -55,6 +55,7 @@ from msmon_nb.collect.graph import (
     tap_scalar,
     write_scalar,
 )
+from msmon_nb.collect.hooks import subclasses
 from msmon_nb.collect.patches import Patches
 
 _ONE = Tensor(1, ms.int32)
@@ -265,13 +266,8 @@ def clip_cells() -> list[type]:
     nn = _module("mindspore.nn")
     if nn is None:
         return []
-    out, stack, seen = [], [nn.Cell], set()
-    while stack:
-        cls = stack.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        stack.extend(cls.__subclasses__())
+    out = []
+    for cls in subclasses([nn.Cell]):
         construct = vars(cls).get("construct")
         if construct is None or not _CLIP_NAME.search(cls.__name__):
             continue

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from msmon_nb.collect.hooks import optimizer_bases
+from msmon_nb.collect.hooks import optimizer_bases, subclasses
 from msmon_nb.config.cards import CARDS
 
 # how many per-gradient norms the optimizer tap keeps (16 KB); an optimizer with more
@@ -128,16 +128,7 @@ def square_sum(g: Tensor) -> Tensor:
 def _optimizer_classes(method: str) -> list[type]:
     """The optimizer bases (``hooks.optimizer_bases``) and every subclass defined so far
     that defines ``method`` itself."""
-    out, stack, seen = [], list(optimizer_bases()), set()
-    while stack:
-        cls = stack.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        stack.extend(cls.__subclasses__())
-        if method in vars(cls):
-            out.append(cls)
-    return out
+    return [cls for cls in subclasses(optimizer_bases()) if method in vars(cls)]
 
 
 class OptimizerTap:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +193,22 @@ def optimizer_bases() -> tuple[type, ...]:
     experimental = _module("mindspore.experimental.optim")
     other = getattr(experimental, "Optimizer", None)
     return (nn.Optimizer,) if not isinstance(other, type) else (nn.Optimizer, other)
+
+
+def subclasses(roots: Iterable[type]) -> list[type]:
+    """``roots`` and every class defined so far that derives from one, each once (a class
+    with two bases among them too): the classes a patch of a class's own method walks
+    (``collect.graph``'s optimizer taps, ``collect.gradtaps``' clip cells)."""
+    out: list[type] = []
+    stack, seen = list(roots), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        out.append(cls)
+        stack.extend(cls.__subclasses__())
+    return out
 
 
 def is_optimizer(obj: Any) -> bool:
