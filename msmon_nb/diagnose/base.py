@@ -12,7 +12,7 @@ run flapping between Inf and finite values, is one report, not many.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from msmon_nb.config.cards import Card, card
@@ -54,6 +54,51 @@ class Episode:
         self._calm = self._calm + 1 if calm else 0
         if self._calm >= QUIET:
             self.active = False
+
+
+class Rise:
+    """A log value rising far above its running median, robustly: where the rise began
+    (``since``) and for how many collected steps in a row it has exceeded (``over``).
+
+    ``see(step, d, sigma, log_factor, z)`` takes ``d``, the value's log10 distance above
+    the median (None before there is history), and ``sigma``, the window's MAD-sigma,
+    asked only when ``d`` is past ``LOG2`` (the MAD costs a pass over the window). A
+    step is *elevated* past 3 sigmas, and *exceeds* when it is also past ``log_factor``
+    and ``z`` sigmas. ``also`` (grad_norm's absolute ceiling) counts as elevated. The
+    rules whose alert is such a rise (grad explosion, Adam's stale v) keep one each."""
+
+    __slots__ = ("over", "since")
+
+    def __init__(self) -> None:
+        self.over = 0
+        self.since: int | None = None
+
+    def see(
+        self,
+        step: int,
+        d: float | None,
+        sigma: Callable[[], float],
+        log_factor: float,
+        z: float,
+        also: bool = False,
+    ) -> bool:
+        """Take one step; True when it is elevated (or ``also``)."""
+        elevated = exceeds = False
+        if d is not None and d > LOG2:
+            spread = sigma()
+            elevated = d > 3.0 * spread
+            exceeds = elevated and d > log_factor and d > z * spread
+        hot = elevated or also
+        if not hot:
+            self.since = None
+        elif self.since is None:
+            self.since = step
+        self.over = self.over + 1 if exceeds else 0
+        return hot
+
+    def began(self, step: int) -> int:
+        """The step the rise began (``step`` itself when it began there)."""
+        return step if self.since is None else self.since
 
 
 class EpisodeRule:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import LOG2, CardRule, EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import LOG2, CardRule, EpisodeRule, Finding, Rise, short
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import Levels
 
@@ -49,8 +49,7 @@ class GradExplosion(CardRule, EpisodeRule, kind="grad_explosion"):
         self.name = short(self.tag)
         self.log_factor = math.log10(self.factor)
         self.min_history = min(self.min_history, self.window)
-        self._over = 0
-        self._since: int | None = None
+        self.rise = Rise()
 
     def limit(self) -> float:
         """``factor`` x the running median of the last grad norms: the relative part of
@@ -64,28 +63,18 @@ class GradExplosion(CardRule, EpisodeRule, kind="grad_explosion"):
         """Feed grad_norm at ``step``."""
         lv = self.levels
         lv.observe(step, value)
-        elevated = exceeds = False
-        d = 0.0
-        if lv.x is not None and lv.n >= self.min_history:
-            d = lv.x - lv.median
-            if d > LOG2:  # cheap test first: the MAD is only needed for suspicious values
-                sigma = lv.sigma()
-                elevated = d > 3.0 * sigma
-                exceeds = elevated and d > self.log_factor and d > self.z * sigma
+        history = lv.x is not None and lv.n >= self.min_history
+        d = lv.x - lv.median if history else 0.0
         high = value >= self.ceiling
-        if elevated or high:
-            if self._since is None:
-                self._since = step
-        else:
-            self._since = None
-        self._over = self._over + 1 if exceeds else 0
+        rise = self.rise
+        hot = rise.see(step, d if history else None, lv.sigma, self.log_factor, self.z, high)
         if self.active:
-            self.episode.settle(calm=not (elevated or high))
+            self.episode.settle(calm=not hot)
             return None
-        if not (high or self._over >= self.patience):
+        if not (high or rise.over >= self.patience):
             return None
         self.episode.start()
-        since = step if self._since is None else self._since
+        since = rise.began(step)
         if d > 0.0:
             where = f"{fmt_ratio(10.0**d)} over its running median {fmt(10.0**lv.median)}"
             if high:

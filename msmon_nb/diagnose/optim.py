@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from msmon_nb.diagnose.alert import fmt, fmt_ratio
-from msmon_nb.diagnose.base import LOG2, CardRule, EpisodeRule, Finding, short
+from msmon_nb.diagnose.base import CardRule, EpisodeRule, Finding, Rise, short
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.window import RollingWindow
 
@@ -75,8 +75,7 @@ class AdamVStale(CardRule, EpisodeRule, kind="adam_v_stale"):
         self.log_factor = math.log10(self.factor)
         self.min_history = min(self.min_history, self.window)
         self.win = RollingWindow(self.window)
-        self._over = 0
-        self._since: int | None = None
+        self.rise = Rise()
         # set by the engine: once the run has converged, tiny gradients make rho noisy
         # without any update being large against the weights (None: not consulted)
         self.convergence: Convergence | None = None
@@ -90,30 +89,20 @@ class AdamVStale(CardRule, EpisodeRule, kind="adam_v_stale"):
         n = len(win)
         median = win.median() if n else 0.0
         win.add(x)
-        elevated = exceeds = False
-        d = 0.0
-        if n >= self.min_history:
-            d = x - median
-            if d > LOG2:  # cheap test first: the MAD is only needed for suspicious values
-                sigma = win.sigma()
-                elevated = d > 3.0 * sigma
-                exceeds = elevated and d > self.log_factor and d > self.z * sigma
-        if elevated:
-            if self._since is None:
-                self._since = step
-        else:
-            self._since = None
-        self._over = self._over + 1 if exceeds else 0
+        history = n >= self.min_history
+        d = x - median if history else 0.0
+        rise = self.rise
+        hot = rise.see(step, d if history else None, win.sigma, self.log_factor, self.z)
         if self.active:
-            self.episode.settle(calm=not elevated)
+            self.episode.settle(calm=not hot)
             return None
-        if self._over < self.patience:
+        if rise.over < self.patience:
             return None
         conv = self.convergence
         if conv is not None and conv.converged:
             return None  # a converged run's tiny gradients swing rho; no episode starts
         self.episode.start()
-        since = step if self._since is None else self._since
+        since = rise.began(step)
         ratio = 10.0**d
         message = (
             f"Adam's v is stale since step {since}: {self.name}^2 / ||v|| is "
