@@ -209,6 +209,8 @@ def main() -> None:
     sets: dict[str, list] = {}
     kinds: dict[str, dict[str, list]] = {}
     with tempfile.TemporaryDirectory() as base:
+        # the detection set first (graph mode): a failure there shows before the long part
+        done = [(spec, detection_run(spec, k, base)) for spec, k in detection_plan(args.smoke)]
         for part, cases in runs.items():
             sets[part] = []
             kinds[part] = {}
@@ -219,7 +221,6 @@ def main() -> None:
                 kinds[part].setdefault(f"{model} {depth}" if model == "mlp" else model, []).append(
                     run
                 )
-        done = [(spec, detection_run(spec, k, base)) for spec, k in detection_plan(args.smoke)]
         sets["detection"] = [run for _, run in done]
         kinds["detection"] = {}  # the failures' rows, then the models'
         for field in ("failure", "model"):

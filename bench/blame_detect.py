@@ -73,8 +73,24 @@ def _weight_params(net: Any) -> list[Any]:
 
 def detection_run(spec: Spec, k: int, base: str):
     """Train ``spec`` with its failure in weight ``k`` only (module docstring); (the
-    target's name, every collected step's (step, names, norms), the judged alert)."""
+    target's name, every collected step's (step, names, norms), the judged alert). In
+    graph mode over a ``WithLossCell``, as ``detect_runs.train`` runs its many runs in one
+    process; the caller's mode is restored after. (A PyNative ``ms.jit`` over a plain
+    loss closure, run after the bench's PyNative sets, once failed in the graph parser:
+    NameError on the closure's loss function.)"""
     import mindspore as ms
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        return _run(spec, k, base)
+    finally:
+        ms.set_context(mode=mode)
+
+
+def _run(spec: Spec, k: int, base: str):
+    import mindspore as ms
+    from mindspore import nn
 
     rng = np.random.default_rng(spec.seed)
     x, y, out_dim, _ = build_data(spec, rng)
@@ -93,11 +109,7 @@ def detection_run(spec: Spec, k: int, base: str):
     else:
         opt = build_optimizer(spec, params, lr_list(spec))
     index = next(i for i, p in enumerate(opt.parameters) if p is target)
-    loss_fn = build_loss(spec)
-
-    def forward(a, b):
-        return loss_fn(net(a), b)
-
+    forward = nn.WithLossCell(net, build_loss(spec))
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
 
     @ms.jit
