@@ -17,21 +17,28 @@ start; from step S one failure is put into one known layer k (its weight W_k):
   often more: the case blame ranks worst (a smoke run at step 43 named body.0.bias,
   body.0.weight, body.4.weight for body.2.weight).
 
-Two sets, disjoint in seeds (the report set adds models the tuning set lacks): the
+Three sets, disjoint in seeds (the report set adds models the tuning set lacks): the
 tuning set (MLP depth 3 and 4, hidden 32), where the z threshold is chosen (the best
-top-1, ties to the larger z), and the held-out report set (other seeds; MLP depth 3
-and 5 and a CNN: conv-conv-dense on 8x8), reported at that z and at the default of
-``monitor_config.blame.z``. Every layer of every model, two injection steps. A poisoned
-batch is not among the failures: it reaches every layer
-after the one it enters in the same step, so no one layer "started" it.
+top-1, ties to the larger z), and two held-out sets reported at that z and at the
+default of ``monitor_config.blame.z``: the report set (other seeds; MLP depth 3 and 5
+and a CNN: conv-conv-dense on 8x8; every layer of every model, two injection steps) and
+the detection set (``bench/blame_detect.py``): the detection benchmark's held-out
+``explosion`` and ``adam_spike`` runs (``detect_runs.test_specs()``: MLP, conv net and
+transformer block; Nesterov, AdamW beta2 0.95, Adam; their own data, lr, batch size and
+seed), each re-run with its failure in one known weight (first, middle, last): the lr
+jump on that weight's group only, the Adam quiet-then-back gradient scale on that
+weight's gradient only. A poisoned batch is not among the failures: it reaches every
+layer after the one it enters in the same step, so no one layer "started" it.
 
 A run counts when one of its alerts is of the gradient or loss families after S (the
-first such alert is judged). Correct top-1: the first parameter it names is W_k; top-3:
-W_k is among the three it names. Lead: the alert's step minus the step W_k rose (how many
-steps before the alert was confirmed the blame points back to).
+detection set: from the spec's onset; the first such alert is judged). Correct top-1:
+the first parameter it names is W_k; top-3: W_k is among the three it names. Lead: the
+alert's step minus the step W_k rose (how many steps before the alert was confirmed the
+blame points back to).
 
 Exit status 1 when the report set's top-1 at the chosen z is under 80 % (full size only:
-``--smoke`` runs one model per set and proves the bench runs).
+``--smoke`` runs one model per set, one detection run, and proves the bench runs). The
+detection set has no target: it is reported as it comes out.
 
     GLOG_v=3 python bench/blame.py [--smoke] [--seeds 2] [--steps 70]
 """
@@ -52,6 +59,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from bench.blame_detect import detection_plan, detection_run
 from msmon_nb.config.blame import BLAME_DEFAULTS
 from msmon_nb.config.cards import BLAME_KINDS
 from msmon_nb.diagnose.blame import NormRing, blame
@@ -201,6 +209,8 @@ def main() -> None:
     sets: dict[str, list] = {}
     kinds: dict[str, dict[str, list]] = {}
     with tempfile.TemporaryDirectory() as base:
+        # the detection set first (graph mode): a failure there shows before the long part
+        done = [(spec, detection_run(spec, k, base)) for spec, k in detection_plan(args.smoke)]
         for part, cases in runs.items():
             sets[part] = []
             kinds[part] = {}
@@ -211,6 +221,11 @@ def main() -> None:
                 kinds[part].setdefault(f"{model} {depth}" if model == "mlp" else model, []).append(
                     run
                 )
+        sets["detection"] = [run for _, run in done]
+        kinds["detection"] = {}  # the failures' rows, then the models'
+        for field in ("failure", "model"):
+            for spec, run in done:
+                kinds["detection"].setdefault(getattr(spec, field), []).append(run)
     table = {z: score(sets["tuning"], z) for z in ZS}
     best = max(ZS, key=lambda z: (table[z]["top1"], z))
     default = float(BLAME_DEFAULTS["z"])
@@ -227,6 +242,14 @@ def main() -> None:
         f"{args.steps} steps, ring {RING}, every layer of each model"
     )
     print(f"  tuning set: {described('tuning')}; report set (held out): {described('report')}")
+    found = detection_plan(args.smoke)
+    print(
+        f"  detection set (held out): {len({s.name for s, _ in found})} runs of the detection "
+        f"bench's test set ({' / '.join(dict.fromkeys(s.failure for s, _ in found))}; "
+        f"{' / '.join(dict.fromkeys(s.model for s, _ in found))}), the failure in one weight "
+        "(first / middle / last): explosion's lr jump on its group, adam_spike's gradient "
+        "scale on its gradient"
+    )
     print("tuning set, by z (runs with a judged alert: named first / among the top 3):")
     for z in ZS:
         t = table[z]
@@ -238,15 +261,15 @@ def main() -> None:
             f"{' = the default' if z == best == default else ''}:"
         )
         print(
-            f"{'set':8s} {'failure / model':18s} {'runs':>5s} {'alerted':>8s} {'top-1':>6s} "
+            f"{'set':9s} {'failure / model':18s} {'runs':>5s} {'alerted':>8s} {'top-1':>6s} "
             f"{'top-3':>6s} {'median lead':>12s}"
         )
-        for part in ("tuning", "report"):
+        for part in ("tuning", "report", "detection"):
             groups = [*kinds[part].items(), ("all", sets[part])]
             for label, group in groups:
                 s = score(group, z)
                 print(
-                    f"{part:8s} {label:18s} {s['runs']:5d} {s['alerted']:8d} "
+                    f"{part:9s} {label:18s} {s['runs']:5d} {s['alerted']:8d} "
                     f"{s['top1']:6d} {s['top3']:6d} {s['lead']:12g}"
                 )
     report = score(sets["report"], best)
@@ -255,6 +278,12 @@ def main() -> None:
         f"\nreport set at z={best:g}: {report['top1']}/{report['alerted']} named first "
         f"({share:.0%}; target >= 80 %), {report['top3']}/{report['alerted']} in the top 3"
     )
+    for z in dict.fromkeys((best, default)):
+        found = score(sets["detection"], z)
+        print(
+            f"detection set at z={z:g}: {found['top1']}/{found['alerted']} named first, "
+            f"{found['top3']}/{found['alerted']} in the top 3 ({found['runs']} runs)"
+        )
     print(
         "lead: steps from the step the named layer rose to the alert (0: the alert's own "
         "step); runs without a gradient or loss alert after the injection are not judged"

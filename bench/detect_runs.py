@@ -403,10 +403,11 @@ def lr_list(spec: Spec) -> list[float]:
     return out
 
 
-def _data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, tuple]:
+def build_data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, tuple]:
     """Synthetic inputs, targets, output width, and the (inputs, targets) of the
     pretraining phase (the same unless ``shift``); the MLP's draws are those of the
-    frozen tuning set."""
+    frozen tuning set. Public: ``bench/blame_detect.py`` re-runs the held-out runs with
+    the same data, network and optimizer (``rng`` seeded as ``train`` seeds it)."""
     n = spec.extra.get("samples", 2048)
     shift = spec.extra.get("shift")
     features = {"mlp": 8, "linear": 8, "conv": 64, "transformer": 32}[spec.model]
@@ -443,7 +444,9 @@ def _data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray,
     return x, y, out_dim, (x_pre, y_pre)
 
 
-def _network(spec: Spec, out_dim: int) -> Any:
+def build_network(spec: Spec, out_dim: int) -> Any:
+    """The spec's model (mlp, linear, conv, transformer) with ``out_dim`` outputs; the
+    caller seeds MindSpore first (``train`` does with ``spec.seed``)."""
     from mindspore import nn, ops
 
     act = nn.Sigmoid() if spec.task == "sigmoid" and spec.model == "mlp" else nn.ReLU()
@@ -489,7 +492,9 @@ def _network(spec: Spec, out_dim: int) -> Any:
     return Block()
 
 
-def _optimizer(spec: Spec, params: list, lrs: list[float], name: str | None = None) -> Any:
+def build_optimizer(spec: Spec, params: list, lrs: list[float], name: str | None = None) -> Any:
+    """The spec's optimizer (or ``name``) over ``params`` (parameters, or group dicts
+    whose own ``lr`` overrides ``lrs``) at the per-step learning rates ``lrs``."""
     from mindspore import nn
 
     beta2 = spec.extra.get("beta2")
@@ -512,7 +517,25 @@ def _optimizer(spec: Spec, params: list, lrs: list[float], name: str | None = No
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def _gscale(spec: Spec, s: int) -> float:
+def build_loss(spec: Spec) -> Any:
+    """The spec's loss of (logits, labels): MSE (regress, linear), squared error on
+    sigmoids (sigmoid: saturates when the weights blow up), else cross-entropy."""
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    if spec.task in ("regress", "linear"):
+        return nn.MSELoss()
+    if spec.task == "sigmoid":
+
+        def base(logits, labels):
+            target = ops.one_hot(labels, 3, ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32))
+            return ((ops.sigmoid(logits) - target) ** 2).mean()
+
+        return base
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def grad_scale(spec: Spec, s: int) -> float:
     """What the step's gradients are multiplied by before the optimizer sees them."""
     if spec.failure == "slow_divergence" and s >= spec.at:
         return spec.rate ** (s - spec.at + 1)
@@ -541,27 +564,19 @@ def train(spec: Spec) -> dict[str, Any]:
 
 def _train(spec: Spec) -> dict[str, Any]:
     import mindspore as ms
-    from mindspore import nn, ops
+    from mindspore import ops
 
     from msmon_nb.collect.optstate import OptimizerState
 
     rng = np.random.default_rng(spec.seed)
-    x, y, out_dim, (x_pre, y_pre) = _data(spec, rng)
+    x, y, out_dim, (x_pre, y_pre) = build_data(spec, rng)
     n = x.shape[0]
     ms.set_seed(spec.seed)
-    net = _network(spec, out_dim)
+    net = build_network(spec, out_dim)
     lrs = lr_list(spec)
     params = net.trainable_params()
-    opt = _optimizer(spec, params, lrs)
-    if spec.task in ("regress", "linear"):
-        base = nn.MSELoss()
-    elif spec.task == "sigmoid":
-
-        def base(logits, labels):  # squared error on sigmoids: saturates when weights blow up
-            target = ops.one_hot(labels, 3, ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32))
-            return ((ops.sigmoid(logits) - target) ** 2).mean()
-    else:
-        base = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = build_optimizer(spec, params, lrs)
+    base = build_loss(spec)
 
     def forward(a, b, factor):
         return base(net(a), b) * factor
@@ -596,7 +611,7 @@ def _train(spec: Spec) -> dict[str, Any]:
     one = ms.Tensor(1.0, ms.float32)
     pre = spec.extra.get("pretrain")
     if pre:  # trained weights to fine-tune: a first phase of its own optimizer, unrecorded
-        pre_step = make_step(_optimizer(spec, params, [pre["lr"]] * pre["steps"], pre["opt"]))
+        pre_step = make_step(build_optimizer(spec, params, [pre["lr"]] * pre["steps"], pre["opt"]))
         for _ in range(pre["steps"]):
             idx = rng.integers(0, n, size=spec.batch)
             pre_step(ms.Tensor(x_pre[idx]), ms.Tensor(y_pre[idx]), one, one)
@@ -616,7 +631,7 @@ def _train(spec: Spec) -> dict[str, Any]:
         factor = one
         if spec.failure == "nonfinite" and s >= spec.at:
             factor = ms.Tensor(float("nan"), ms.float32)
-        g = _gscale(spec, s)
+        g = grad_scale(spec, s)
         gscale = one if g == 1.0 else ms.Tensor(g, ms.float32)
         if spec.failure == "vanishing" and s == spec.at:
             scale_params(ms.Tensor(1000.0, ms.float32))
