@@ -57,7 +57,7 @@ BENCHES = (
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),
     Bench("scale", ("--repeats", "5"), ("--repeats", "1", "--sizes", "1M")),
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
-    Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every,off")),
+    Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every,ring,off")),
     Bench("relay", (), ("--series", "3", "--steps", "20000")),
     # 200 k points: long enough (~2 s) that the page samples the cell while it runs, also
     # beside make test in CI (20 k could end before the page drew it running)

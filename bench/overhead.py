@@ -23,7 +23,14 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    {enabled: false}``: in the functional loop on the same net, blocks alternating; in
    ``Model.train`` on models of its own (a blame-off callback on the blame-on model
    would recompile its graph at every switch), with the callbacks' own times beside,
-   which no instance draw moves. Target: blame on / off <= 1.01.
+   which no instance draw moves. Target: blame on / off <= 1.01. Blame on pays, after a
+   gradient or loss alert (this bench's runs raise ``rising_trend`` ones), a detail
+   window: ``param/<name>/grad_norm``, ``weight_norm`` and ``update_ratio`` recorded for
+   ``detail_steps`` steps; so a ring-only arm, the same monitor with ``blame:
+   {detail_steps: 0}`` (the ring of per-parameter norms kept, no window), is measured
+   against blame off beside it (in ``Model.train`` on the blame-on models, whose taps
+   it shares), and each line says how many of its steps were inside a window. Target:
+   ring only / blame off <= 1.01.
 3. The grad_norm reduction inside the train graph alone (one model, its tap switched on
    and off), next to the floor of reading every gradient byte once.
 
@@ -55,6 +62,32 @@ from mindspore.train import Callback, Model, SummaryCollector
 from msmon_nb.monitor import Monitor
 
 NO_BLAME = {"enabled": False}  # the blame-off arms: the same monitor, no per-parameter norms
+# the ring-only arms: blame on (each collected step's per-parameter norms kept in the ring),
+# no detail window after an alert (what blame costs on every step, alert or not)
+RING_ONLY = {"detail_steps": 0}
+DETAIL_TAGS = ("/grad_norm", "/weight_norm", "/update_ratio")
+
+
+class DetailSteps:
+    """Counts a monitor's collected steps and those inside a blame detail window (their
+    scalars include ``param/<name>/grad_norm``, ``weight_norm`` or ``update_ratio``),
+    by wrapping its public ``emit``, every collected step's one way out."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.steps: set[int] = set()
+        self.detail: set[int] = set()
+        inner = mon.emit
+
+        def counted(step: int, values: dict[str, float], *a: Any, **k: Any) -> Any:
+            self.steps.add(step)
+            if any(t.startswith("param/") and t.endswith(DETAIL_TAGS) for t in values):
+                self.detail.add(step)
+            return inner(step, values, *a, **k)
+
+        mon.emit = counted
+
+    def __str__(self) -> str:
+        return f"{len(self.detail)} of its {len(self.steps)} collected steps in a detail window"
 
 
 def mlp() -> nn.Cell:
@@ -90,8 +123,10 @@ def functional(steps: int, rounds: int, base: str) -> None:
     every = Monitor(save_dir=base, run_name="every_step", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="every_10th", log_interval=10)
     off = Monitor(save_dir=base, run_name="every_blame_off", log_interval=1, blame=NO_BLAME)
-    spent = {id(every): 0.0, id(tenth): 0.0, id(off): 0.0}
-    for mon in (every, tenth, off):  # time spent inside the monitor itself, attributed directly
+    ring = Monitor(save_dir=base, run_name="every_ring_only", log_interval=1, blame=RING_ONLY)
+    counts = {id(m): DetailSteps(m) for m in (every, ring)}
+    spent = {id(every): 0.0, id(tenth): 0.0, id(off): 0.0, id(ring): 0.0}
+    for mon in (every, tenth, off, ring):  # time inside the monitor itself, attributed directly
         inner = mon.record_step
         key = id(mon)
 
@@ -103,7 +138,13 @@ def functional(steps: int, rounds: int, base: str) -> None:
                 spent[_key] += time.perf_counter() - t0
 
         mon.record_step = timed
-    variants = {"plain": None, "every step": every, "every 10th step": tenth, "blame off": off}
+    variants = {
+        "plain": None,
+        "every step": every,
+        "every 10th step": tenth,
+        "blame off": off,
+        "ring only": ring,
+    }
     times: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     for r in range(rounds):
@@ -115,9 +156,8 @@ def functional(steps: int, rounds: int, base: str) -> None:
             else:
                 with mon.watch():
                     times[name].append(block())
-    every.close()
-    tenth.close()
-    off.close()
+    for mon in (every, tenth, off, ring):
+        mon.close()
     plain = statistics.median(times["plain"])
     print(f"functional loop (PyNative), {steps}-step blocks x {rounds} rounds, order rotated:")
     print(f"  plain: {plain / steps * 1e3:.1f} ms/step ({steps / plain:.0f} steps/s)")
@@ -133,14 +173,18 @@ def functional(steps: int, rounds: int, base: str) -> None:
         )
     q1, _, q3 = statistics.quantiles([t / plain for t in times["plain"]], n=4)
     print(f"  (plain blocks themselves vary: IQR {q1:.2f}-{q3:.2f} of their median)")
-    ratios = [a / b for a, b in zip(times["every step"], times["blame off"], strict=True)]
-    inside = {k: spent[id(m)] / (rounds * steps) for k, m in (("on", every), ("off", off))}
-    print(
-        f"  every step, blame on / off (same net, per round): {_spread(ratios)} "
-        f"(target <= 1.01); inside the monitor {inside['on'] * 1e6:.0f} vs "
-        f"{inside['off'] * 1e6:.0f} us/step = "
-        f"{(inside['on'] - inside['off']) / (plain / steps):+.2%} of a step"
-    )
+    inside = {name: spent[id(m)] / (rounds * steps) for name, m in variants.items() if m}
+    for name, label, target in (
+        ("ring only", "ring only (detail_steps 0) / blame off", " (target <= 1.01)"),
+        ("every step", "blame on / off, detail window after alerts included", ""),
+    ):
+        ratios = [a / b for a, b in zip(times[name], times["blame off"], strict=True)]
+        print(
+            f"  every step, {label} (same net, per round): {_spread(ratios)}{target}; "
+            f"inside the monitor {inside[name] * 1e6:.0f} vs {inside['blame off'] * 1e6:.0f} "
+            f"us/step = {(inside[name] - inside['blame off']) / (plain / steps):+.2%} of a "
+            f"plain step; {counts[id(variants[name])]}"
+        )
 
 
 class _Own:
@@ -186,6 +230,7 @@ class _Floor(Callback):
 
 
 OFF = "every, blame off"
+RING = "every, ring only"
 
 
 def _spread(values: list[float]) -> str:
@@ -236,7 +281,11 @@ def model_train(
 
     every = Monitor(save_dir=base, run_name="model_train_every", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="model_train_tenth", log_interval=10)
-    monitors = [("every step", every), ("every 10th", tenth)]
+    # ring only (blame on, detail_steps 0): the blame-on graph, so it shares the monitored
+    # models (their compiled taps serve it as they are)
+    ring = Monitor(save_dir=base, run_name="model_train_ring_only", log_interval=1, blame=RING_ONLY)
+    monitors = [("every step", every), ("every 10th", tenth), (RING, ring)]
+    counts = {name: DetailSteps(mon) for name, mon in (("every step", every), (RING, ring))}
     if not_held:  # --not-held: every step, its scalars passed on one step at a time
         single = Monitor(save_dir=base, run_name="model_train_not_held", log_interval=1)
         single.hold_emits = lambda on, m=single: Monitor.hold_emits(m, False)
@@ -291,6 +340,9 @@ def model_train(
     for timers in own.values():
         for o in timers:
             o.secs, o.cpu, o.steps = 0.0, 0.0, 0
+    for c in counts.values():  # the timed rounds' steps only
+        c.steps.clear()
+        c.detail.clear()
     wall: dict[tuple[str, int], list[float]] = {k: [] for k in blocks}
     cpu: dict[tuple[str, int], list[float]] = {k: [] for k in blocks}
     order = list(blocks)
@@ -350,16 +402,7 @@ def model_train(
             line += "  (read loss + grad_norm only, tapped graph)"
         print(line)
         if name == OFF:
-            on = [a / b for a, b in zip(per_round("every step", wall), w, strict=True)]
-            own_on, own_off = (
-                sum(o.secs for o in own[k]) / max(sum(o.steps for o in own[k]), 1)
-                for k in ("every step", OFF)
-            )
-            print(
-                f"  every step, blame on / off, wall (per round): {_spread(on)} (target <= 1.01);"
-                f" callback own {own_on * 1e6:.0f} vs {own_off * 1e6:.0f} us/step = "
-                f"{(own_on - own_off) / med_w:+.2%} of a plain step"
-            )
+            blame_lines(per_round, wall, own, counts, med_w)
         if name == "floor":
             ours = [a / b for a, b in zip(per_round("every step", wall), w, strict=True)]
             print(f"  every step       / floor, same models, wall: {_spread(ours)}")
@@ -375,6 +418,36 @@ def model_train(
     print(
         f"  blame's part of it (per-parameter norms kept in the graph): "
         f"{kept * 1e6:+.0f} us/step ({kept / med_w:+.1%} of a plain step)"
+    )
+
+
+def blame_lines(per_round, wall: dict, own: dict, counts: dict, plain_step: float) -> None:
+    """Blame's cost in ``Model.train``: ring only (detail_steps 0) and blame on (the detail
+    window after alerts included), each against blame off (models of their own, so the
+    instance draw is in it; the callbacks' own times are not), and blame on against ring
+    only on the same models: the detail window alone."""
+    off = per_round(OFF, wall)
+
+    def own_us(name: str) -> float:
+        return sum(o.secs for o in own[name]) / max(sum(o.steps for o in own[name]), 1)
+
+    for name, label, target in (
+        (RING, "ring only (detail_steps 0) / blame off", " (target <= 1.01)"),
+        ("every step", "blame on / off, detail window after alerts included", ""),
+    ):
+        ratios = [a / b for a, b in zip(per_round(name, wall), off, strict=True)]
+        print(
+            f"  every step, {label}, wall (per round): {_spread(ratios)}{target}; callback own "
+            f"{own_us(name) * 1e6:.0f} vs {own_us(OFF) * 1e6:.0f} us/step = "
+            f"{(own_us(name) - own_us(OFF)) / plain_step:+.2%} of a plain step; {counts[name]}"
+        )
+    window = [
+        a / b for a, b in zip(per_round("every step", wall), per_round(RING, wall), strict=True)
+    ]
+    print(
+        f"  every step, blame on / ring only, same models, wall: {_spread(window)}; callback "
+        f"own {(own_us('every step') - own_us(RING)) / plain_step:+.2%} of a plain step "
+        "(the detail window alone)"
     )
 
 

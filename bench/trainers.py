@@ -6,11 +6,14 @@ GRAPH_MODE, batch 8 of 3x32x32. Three models built alike: one never monitored, o
 ``mon.callback()`` collecting every step (grad_norm, grad_norm_clipped, loss_scale, lr,
 loss), one collecting every 10th step, and one collecting every step with ``blame:
 {enabled: false}`` (no per-parameter gradient norms: blame's cost is every step's
-time over it, target <= 1.01; its own model, since a blame-off callback on the blame-on
-model would recompile the graph at every switch). Blocks of ``--steps`` steps alternate between
-them, the order rotated each round; each model compiles (and warms up) before timing.
+time over it; its own model, since a blame-off callback on the blame-on
+model would recompile the graph at every switch). The ring-only arm collects every step
+with ``blame: {detail_steps: 0}`` (the per-parameter norms kept, no detail window after
+an alert) on the every-step arm's model: ring only / blame off, target <= 1.01. Blocks
+of ``--steps`` steps alternate between them, the order rotated each round; each model
+compiles (and warms up) before timing.
 
-    python bench/trainers.py [--steps 5] [--rounds 8] [--arms plain,every,off]
+    python bench/trainers.py [--steps 5] [--rounds 8] [--arms plain,every,ring,off]
 
 Prints the median ratio of monitored to plain block time with its spread (min..max over
 rounds), the same for process CPU time, the ratio of two untouched models (the noise
@@ -35,18 +38,21 @@ from mindcv.loss import create_loss
 from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
+from overhead import DetailSteps
 
 from msmon_nb.monitor import Monitor
 
 BATCH = 8
 # arm (--arms) -> its name in the output, collection interval (None: never monitored),
-# blame kept
+# monitor_config.blame. Ring only: blame on, no detail window after an alert (what blame
+# costs every step); it runs on the "every" arm's model (the same graph and taps).
 ARMS = {
-    "plain": ("plain", None, True),
-    "plain2": ("plain, 2nd model", None, True),
-    "every": ("every step", 1, True),
-    "tenth": ("every 10th", 10, True),
-    "off": ("every step, blame off", 1, False),
+    "plain": ("plain", None, {}),
+    "plain2": ("plain, 2nd model", None, {}),
+    "every": ("every step", 1, {}),
+    "ring": ("every step, ring only", 1, {"detail_steps": 0}),
+    "tenth": ("every 10th", 10, {}),
+    "off": ("every step, blame off", 1, {"enabled": False}),
 }
 
 
@@ -76,7 +82,7 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default=",".join(ARMS),
-        help="comma-separated subset of: " + ",".join(ARMS) + " (the smoke run: plain,every,off)",
+        help=f"comma-separated subset of: {','.join(ARMS)} (the smoke run: plain,every,ring,off)",
     )
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",")]
@@ -85,25 +91,35 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE)
     base = tempfile.mkdtemp(prefix="msmon_bench_trainers_")
     variants: dict[str, tuple] = {}
+    counts: dict[str, DetailSteps] = {}  # the timed rounds' steps inside a detail window
     for arm, (name, freq, blame) in ARMS.items():
         if arm not in arms:
             continue
-        net, model = build()
+        shared = arm == "ring" and "every step" in variants
+        if shared:  # the blame-on model: its compiled taps serve this callback as they are
+            model, data = variants["every step"][0], variants["every step"][3]
+        else:
+            net, model = build()
+            data = dataset(args.steps)  # a dataset serves one Model only
         mon = (
             Monitor(
                 save_dir=base,
                 run_name=name.replace(" ", "_").replace(",", ""),
                 log_interval=freq,
-                blame={"enabled": blame},
+                blame=blame,
             )
             if freq
             else None
         )
         callbacks = [mon.callback()] if mon else []
-        data = dataset(args.steps)  # a dataset serves one Model only
+        if mon is not None:
+            counts[name] = DetailSteps(mon)
         model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)  # compile, warm up
         variants[name] = (model, callbacks, mon, data)
     params = sum(p.size for p in net.trainable_params())
+    for c in counts.values():
+        c.steps.clear()
+        c.detail.clear()
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
@@ -125,6 +141,7 @@ def main() -> None:
         ("plain, 2nd model", None),
         ("every step", 1.05),
         ("every 10th", 1.01),
+        ("every step, ring only", None),
         ("every step, blame off", None),
     ):
         if name not in variants:
@@ -144,15 +161,20 @@ def main() -> None:
             )
         )
     off = "every step, blame off"
-    if off in variants:
-        ratios = [a / b for a, b in zip(times["every step"], times[off], strict=True)]
-        cpu_ratios = [a / b for a, b in zip(cpu["every step"], cpu[off], strict=True)]
+    for name, label, target in (
+        ("every step, ring only", "ring only (detail_steps 0) / blame off", "target <= 1.01; "),
+        ("every step", "blame on / off, detail window after alerts included", ""),
+    ):
+        if off not in variants or name not in variants:
+            continue
+        ratios = [a / b for a, b in zip(times[name], times[off], strict=True)]
+        cpu_ratios = [a / b for a, b in zip(cpu[name], cpu[off], strict=True)]
         print(
-            f"  every step, blame on / off: {statistics.median(ratios):.3f}x "
+            f"  every step, {label}: {statistics.median(ratios):.3f}x "
             f"[{min(ratios):.3f}..{max(ratios):.3f}], "
             f"CPU time {statistics.median(cpu_ratios):.3f}x "
-            f"[{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}] (target <= 1.01; two models: "
-            "compare the noise floor)"
+            f"[{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}] ({target}two models: "
+            f"compare the noise floor); {counts[name]}"
         )
     in_graph(variants["every step"], args.steps, args.rounds)
     for _model, _callbacks, mon, _data in variants.values():

@@ -85,7 +85,7 @@ class MonitorCallback(Callback):
         # per-parameter gradient norms for diagnose.blame: the optimizer's parameter
         # names (read once per Model.train call) and the collected step's norms
         self._blame = blame_on(monitor.config)
-        self._names: list[str] = []
+        self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
 
     def on_train_begin(self, run_context: Any) -> None:
@@ -98,7 +98,7 @@ class MonitorCallback(Callback):
             self.batch_size = mon.guard("reading the batch size", dataset.get_batch_size)
         self.network = network
         if self._blame:
-            self._names = mon.guard("naming the parameters", tapped_names, self.optimizer) or []
+            self._names = mon.guard("naming the parameters", tapped_names, self.optimizer) or ()
         mon.trains(network, self.optimizer)  # what checkpoint saves and lr xF scales
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +80,7 @@ class StepCollector:
         self.last_grads: Any = None
         self.flight: Any = None  # collect.snapshot.FlightRecorder (snapshot.on: alert)
         # (step, names, norms) of the last collected step, for the Monitor's NormRing
-        self.param_norms: tuple[int, list[str], np.ndarray] | None = None
+        self.param_norms: tuple[int, Sequence[str], np.ndarray] | None = None
         blame = resolve_blame(config.blame)
         self._per_param = bool(blame["enabled"]) and config.tracks("grad_norm")
 
@@ -167,8 +168,10 @@ class StepCollector:
         ``step_values``' own, and nothing is computed twice). On the device path
         (``norm_on_device``) the host does not read the gradients: nothing is kept."""
         if inputs.param_norms is not None:
+            # the way in's names as they are (the same list every step: the ring then
+            # compares them by identity, not name by name)
             names, norms = inputs.param_norms
-            self.param_norms = (step, list(names), np.asarray(norms, dtype=np.float64))
+            self.param_norms = (step, names, np.asarray(norms, dtype=np.float64))
             return inputs
         if inputs.grads is None:
             return inputs

@@ -23,6 +23,7 @@ No MindSpore here: the ways in turn tensors into numbers first.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +120,8 @@ def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
 
 
 def param_norms(
-    seen: GradSeen, grad_norm: float | None, names: list[str]
-) -> tuple[list[str], Any] | None:
+    seen: GradSeen, grad_norm: float | None, names: Sequence[str]
+) -> tuple[Sequence[str], Any] | None:
     """``(names, norms)``: each gradient's norm as the optimizer received it, brought to
     ``train/grad_norm``'s measure (``grad_norm``, this step's resolved value): times
     ``grad_norm / received``. Exact where the two differ by one factor over every

@@ -301,12 +301,13 @@ def _own(owner: Any, name: str) -> Any:
     return value if callable(value) else None
 
 
-def tapped_names(optimizer: Any) -> list[str]:
+def tapped_names(optimizer: Any) -> tuple[str, ...]:
     """The names of the parameters whose gradient norms the optimizer tap keeps for
     ``optimizer``: its parameters in the order its update receives their gradients, the
-    first ``EACH_CAPACITY``."""
+    first ``EACH_CAPACITY``. A tuple: the ways in hand the same one over every step,
+    and ``diagnose.blame.NormRing`` knows an unchanged tuple by identity."""
     params = list(getattr(optimizer, "parameters", ()) or ())[:EACH_CAPACITY]
-    return [str(getattr(p, "name", f"grad_{i}")) for i, p in enumerate(params)]
+    return tuple(str(getattr(p, "name", f"grad_{i}")) for i, p in enumerate(params))
 
 
 class Reading:

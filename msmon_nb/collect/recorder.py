@@ -8,7 +8,7 @@ end) can drive them with any object that has these members.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,7 +39,7 @@ class StepInputs:
     params: list | None = None
     optimizer: Any = None
     extra: Mapping[str, float] | None = None
-    param_norms: tuple[list[str], Any] | None = None
+    param_norms: tuple[Sequence[str], Any] | None = None
 
 
 class StopTraining(BaseException):

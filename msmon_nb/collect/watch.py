@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,7 +129,7 @@ class Watch:
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
         self._blame = blame_on(recorder.config)  # keep per-parameter gradient norms
-        self._names: dict[int, tuple[Any, list[str]]] = {}  # id -> (optimizer, its names)
+        self._names: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (optimizer, names)
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -151,7 +151,7 @@ class Watch:
         # loss and start time
         self.held: list[tuple[float | None, float]] = []
         # each parameter's gradient norm as a graph step's optimizer tap measured it
-        self.param_norms: tuple[list[str], Any] | None = None
+        self.param_norms: tuple[Sequence[str], Any] | None = None
 
     # --- patching -----------------------------------------------------------------------
 
@@ -687,7 +687,7 @@ class Watch:
         """
         tap = self.tap
         seen, tap_lr = GradSeen(), None
-        names: list[str] | None = None
+        names: Sequence[str] | None = None
         if tap is not None and tap.begun:
             names = self._guard(self._tapped_names) if self._blame else None
             tap.each = len(names) if names else 0
@@ -825,14 +825,14 @@ class Watch:
             self._owners[id(self.owner)] = known
         return known[1]
 
-    def _tapped_names(self) -> list[str]:
+    def _tapped_names(self) -> tuple[str, ...]:
         """The names of the parameters whose gradient norms the optimizer tap keeps for
         this step's optimizer (``gradtaps.tapped_names``), looked up once per optimizer."""
         from msmon_nb.collect.gradtaps import tapped_names
 
         optimizer = self._step_optimizer()
         if optimizer is None:
-            return []
+            return ()
         known = self._names.get(id(optimizer))
         if known is None or known[0] is not optimizer:
             known = self._names[id(optimizer)] = (optimizer, tapped_names(optimizer))

@@ -65,6 +65,10 @@ class NormRing:
     def __init__(self, size: int) -> None:
         self.size = size
         self.names: list[str] = []
+        # the names tuple of the last push: a way in hands over the same tuple every step
+        # (``collect.gradtaps.tapped_names``), so the name-by-name comparison runs only
+        # when another one comes (a list, which may have changed in place, always is)
+        self._given: object = None
         self._rows = np.zeros((0, 0))
         self._steps = np.zeros(size, dtype=np.int64)
         self._next = 0  # where the next row goes
@@ -77,10 +81,11 @@ class NormRing:
         """Keep ``norms`` (one per name) as step ``step``'s row."""
         if len(names) != len(norms):
             raise ValueError(f"{len(names)} names for {len(norms)} norms")
-        if list(names) != self.names:
+        if names is not self._given and list(names) != self.names:
             self.names = list(names)
             self._rows = np.zeros((self.size, len(names)))
             self._next = self._count = 0
+        self._given = names if isinstance(names, tuple) else None
         self._rows[self._next] = norms
         self._steps[self._next] = step
         self._next = (self._next + 1) % self.size

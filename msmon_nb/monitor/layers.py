@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ class LayerBlame:
         self.detail_until: int | None = None  # last step of the open detail window
         self._before: dict[str, np.ndarray] = {}  # name -> weights at the last detail step
 
-    def keep(self, step: int, names: list[str], norms: np.ndarray) -> None:
+    def keep(self, step: int, names: Sequence[str], norms: np.ndarray) -> None:
         """One collected step's per-parameter gradient norms."""
         self.ring.push(step, names, norms)
 

@@ -78,3 +78,44 @@ def test_a_parameter_swapped_by_set_data_is_not_what_jit_reads():
     read(zero)
     flag.set_data(Tensor(1, ms.int32))
     assert int(read(zero).asnumpy()) == 0
+
+
+def test_per_gradient_norms_read_through_the_view_are_each_steps_own(tmp_path):
+    """``OptimizerTap.read_each`` reads the graph's per-gradient norms through the kept
+    host view (no ``asnumpy()`` per step): on every collected step of a real
+    ``Model.train`` they are that step's norms, not the previous step's (their
+    root-sum-square is the step's own grad_norm, read by ``item()``) and not zeros."""
+    import mindspore.dataset as mds
+    from mindspore.train import Callback, Model
+
+    from msmon_nb.monitor import Monitor
+    from tests.support import tiny
+
+    x, y = tiny.data(n=30 * 16)
+    net = tiny.mlp()
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    model = Model(net, loss_fn=tiny.loss_fn(), optimizer=opt)
+    data = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(16)
+    mon = Monitor(save_dir=str(tmp_path), log_interval=1, blame={"detail_steps": 0})
+    seen: list[tuple[float, np.ndarray]] = []
+
+    class Check(Callback):  # after ours: what its step's reads gave
+        def on_train_step_end(self, run_context):
+            _, names, norms = mon.collector.param_norms
+            assert len(names) == len(norms) == len(opt.parameters)
+            seen.append((ours.tap.optimizer.read()[1], norms.copy()))
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        ours = mon.callback()
+        model.train(1, data, callbacks=[ours, Check()], dataset_sink_mode=False)
+        seen.clear()  # the first epoch compiled; the second is read through the view
+        model.train(1, data, callbacks=[ours, Check()], dataset_sink_mode=False)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        mon.close()
+    assert probe_host_writes()  # so read_each took the view
+    assert len(seen) == 30
+    for norm, each in seen:
+        assert np.sqrt((each**2).sum()) == pytest.approx(norm, rel=1e-5)
+    assert len({each.tobytes() for _, each in seen}) == 30  # a new row every step
