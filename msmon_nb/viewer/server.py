@@ -23,6 +23,7 @@ the viewer works under any path prefix a proxy puts in front of it.
 from __future__ import annotations
 
 import hmac
+import html
 import json
 import logging
 import os
@@ -181,7 +182,10 @@ class Handler(BaseHTTPRequestHandler):
             target.query,
         )
         if not verdict.allowed:
-            self._json(403, {"error": verdict.error})
+            if self.command == "GET" and target.path in ("/", "/index.html"):
+                self._refused_page(verdict.error)  # a person opened the page: words
+            else:
+                self._json(403, {"error": verdict.error})
             return False
         if verdict.set_cookie:
             self._cookie = self.server.gate.cookie()
@@ -270,6 +274,17 @@ class Handler(BaseHTTPRequestHandler):
             self._static(static)
         else:
             self._json(404, {"error": f"not found: {path}"})
+
+    def _refused_page(self, error: str) -> None:
+        """The 403 of the page itself, as a page: the refusal and its fix in words (a
+        browser shows JSON as raw text), with an icon of its own so that the browser
+        does not ask the proxy's root for ``/favicon.ico`` (a 404 in the console)."""
+        body = (
+            '<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+            "<title>msmon view: refused</title></head><body><h1>msmon view: refused</h1>"
+            f"<p>{html.escape(error)}</p></body></html>"
+        ).encode()
+        self._send(403, body, "text/html; charset=utf-8", {"Cache-Control": "no-store"})
 
     def _json(self, status: int, obj: Any, **headers: str) -> None:
         body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()

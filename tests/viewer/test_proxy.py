@@ -38,6 +38,11 @@ def test_a_foreign_host_needs_the_token_however_it_is_dressed(tmp_path, serve):
         assert status == 403, host
         error = json.loads(body)["error"]
         assert "refused" in error and f"?{TOKEN_PARAM}=" in error  # the problem and the fix
+    # the page itself, opened by a person: the same refusal in words, an icon of its own
+    # (else the browser asks the proxy's root for /favicon.ico: a 404 in the console)
+    status, headers, body = client.request("/", headers={"Host": REMOTE})
+    assert status == 403 and headers["Content-Type"].startswith("text/html")
+    assert f"?{TOKEN_PARAM}=".encode() in body and b'rel="icon" href="data:,"' in body
     forged = {
         "Host": REMOTE,
         **JSP_MARKS,

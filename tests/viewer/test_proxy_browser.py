@@ -36,6 +36,8 @@ def page_of(browser) -> tuple:
     problems: list[str] = []
     page.on("pageerror", lambda exc: problems.append(str(exc)))
     page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    # which URL answered an error: the console line above does not say
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"{r.status} {r.url}"))
     return page, problems
 
 
