@@ -86,8 +86,18 @@ class DetailSteps:
 
         mon.emit = counted
 
+    def reset(self) -> None:
+        """Forget the steps so far (the compile and warm-up blocks): the timed ones count."""
+        self.steps.clear()
+        self.detail.clear()
+
     def __str__(self) -> str:
         return f"{len(self.detail)} of its {len(self.steps)} collected steps in a detail window"
+
+
+# the two blame lines every section prints, each against blame off: (label, target)
+RING_LINE = ("ring only (detail_steps 0) / blame off", " (target <= 1.01)")
+ON_LINE = ("blame on / off, detail window after alerts included", "")
 
 
 def mlp() -> nn.Cell:
@@ -174,10 +184,7 @@ def functional(steps: int, rounds: int, base: str) -> None:
     q1, _, q3 = statistics.quantiles([t / plain for t in times["plain"]], n=4)
     print(f"  (plain blocks themselves vary: IQR {q1:.2f}-{q3:.2f} of their median)")
     inside = {name: spent[id(m)] / (rounds * steps) for name, m in variants.items() if m}
-    for name, label, target in (
-        ("ring only", "ring only (detail_steps 0) / blame off", " (target <= 1.01)"),
-        ("every step", "blame on / off, detail window after alerts included", ""),
-    ):
+    for name, (label, target) in (("ring only", RING_LINE), ("every step", ON_LINE)):
         ratios = [a / b for a, b in zip(times[name], times["blame off"], strict=True)]
         print(
             f"  every step, {label} (same net, per round): {_spread(ratios)}{target}; "
@@ -341,8 +348,7 @@ def model_train(
         for o in timers:
             o.secs, o.cpu, o.steps = 0.0, 0.0, 0
     for c in counts.values():  # the timed rounds' steps only
-        c.steps.clear()
-        c.detail.clear()
+        c.reset()
     wall: dict[tuple[str, int], list[float]] = {k: [] for k in blocks}
     cpu: dict[tuple[str, int], list[float]] = {k: [] for k in blocks}
     order = list(blocks)
@@ -431,10 +437,7 @@ def blame_lines(per_round, wall: dict, own: dict, counts: dict, plain_step: floa
     def own_us(name: str) -> float:
         return sum(o.secs for o in own[name]) / max(sum(o.steps for o in own[name]), 1)
 
-    for name, label, target in (
-        (RING, "ring only (detail_steps 0) / blame off", " (target <= 1.01)"),
-        ("every step", "blame on / off, detail window after alerts included", ""),
-    ):
+    for name, (label, target) in ((RING, RING_LINE), ("every step", ON_LINE)):
         ratios = [a / b for a, b in zip(per_round(name, wall), off, strict=True)]
         print(
             f"  every step, {label}, wall (per round): {_spread(ratios)}{target}; callback own "

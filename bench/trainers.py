@@ -38,7 +38,7 @@ from mindcv.loss import create_loss
 from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
-from overhead import DetailSteps
+from overhead import ON_LINE, RING_LINE, DetailSteps
 
 from msmon_nb.monitor import Monitor
 
@@ -118,8 +118,7 @@ def main() -> None:
         variants[name] = (model, callbacks, mon, data)
     params = sum(p.size for p in net.trainable_params())
     for c in counts.values():
-        c.steps.clear()
-        c.detail.clear()
+        c.reset()
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
@@ -162,8 +161,8 @@ def main() -> None:
         )
     off = "every step, blame off"
     for name, label, target in (
-        ("every step, ring only", "ring only (detail_steps 0) / blame off", "target <= 1.01; "),
-        ("every step", "blame on / off, detail window after alerts included", ""),
+        ("every step, ring only", RING_LINE[0], "target <= 1.01; "),
+        ("every step", ON_LINE[0], ""),
     ):
         if off not in variants or name not in variants:
             continue

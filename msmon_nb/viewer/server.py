@@ -181,15 +181,16 @@ class Handler(BaseHTTPRequestHandler):
             self.headers.get("Cookie", ""),
             target.query,
         )
+        page = self.command == "GET" and target.path in ("/", "/index.html")
         if not verdict.allowed:
-            if self.command == "GET" and target.path in ("/", "/index.html"):
+            if page:
                 self._refused_page(verdict.error)  # a person opened the page: words
             else:
                 self._json(403, {"error": verdict.error})
             return False
         if verdict.set_cookie:
             self._cookie = self.server.gate.cookie()
-            if self.command == "GET" and target.path in ("/", "/index.html"):
+            if page:
                 # relative, so it stays under the proxy's prefix; 303: GET, no body
                 rest = without_token(target.query)
                 self._send(
