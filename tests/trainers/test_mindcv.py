@@ -14,6 +14,8 @@ the real norm.
 
 from __future__ import annotations
 
+import warnings
+
 import mindspore as ms
 import mindspore.dataset as mds
 import numpy as np
@@ -173,6 +175,50 @@ def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path, twi
     np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, 0.5, rtol=1e-3)
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), ref_net.trainable_params())
+
+
+@pytest.mark.parametrize("opt", ["adamw", "lion", "nadam", "adan"])
+def test_the_loss_scale_is_undone_however_the_optimizer_undoes_it(tmp_path, opt):
+    """MindCV's documented fixed-scale recipe: ``create_optimizer(..., loss_scale=1024)``
+    and ``create_trainer(..., loss_scale_type="fixed", loss_scale=1024,
+    drop_overflow_update=False)``, which builds MindSpore's ``Model`` with a
+    ``TrainOneStepCell(sens=1024)``: the optimizer receives 1024x the gradient. AdamW and
+    Lion undo it with a ``reciprocal_scale`` of their own (``need_scale`` stays False:
+    grad_norm read 1024x before), Adan by ``nn.Optimizer``'s convention, and NAdam never
+    (its update uses the scaled gradients: said once; grad_norm is still the unscaled
+    one). A linear classifier: the optimizer, loss and trainer are MindCV's."""
+
+    def make():
+        ms.set_seed(0)
+        net = ms.nn.SequentialCell([ms.nn.Flatten(), ms.nn.Dense(3 * 32 * 32, 10)])
+        optimizer = create_optimizer(net.trainable_params(), opt=opt, lr=1e-3, loss_scale=1024.0)
+        loss = create_loss(name="CE")
+        model = create_trainer(
+            net, loss, optimizer, metrics=None, amp_level="O0", amp_cast_list=None,
+            loss_scale_type="fixed", loss_scale=1024.0, drop_overflow_update=False,
+        )  # fmt: skip
+        return net, loss, model
+
+    x, y = data()
+    batches = [
+        (ms.Tensor(x[i : i + BATCH]), ms.Tensor(y[i : i + BATCH])) for i in range(0, len(y), BATCH)
+    ]
+    plain_net, loss, model = make()
+    ref = Reference(ms.nn.WithLossCell(plain_net, loss), plain_net.trainable_params(), batches)
+    train(model, [ref])
+    net, _, model = make()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
+            train(model, [mon.callback()])
+    run = load_run(mon.run_dir)
+    grad_norm = run.scalars("train/grad_norm")
+    assert grad_norm.steps.tolist() == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(grad_norm.values, ref.norms, rtol=1e-3)
+    never = [str(w.message) for w in said if "never divides" in str(w.message)]
+    assert len(never) == (1 if opt == "nadam" else 0), never
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
 @pytest.mark.parametrize("opt", ["adamw", "lion", "adan"])
