@@ -1,12 +1,11 @@
 """How an optimizer's own code undoes a loss scale (``collect.unscale``), read from the
-code of real classes: MindSpore's, MindCV 0.3.0's, and optimizers written here the ways
-users write them (source read by ``inspect``, as for any class on disk)."""
+code of real classes: MindSpore's, and optimizers written here the ways users write them
+(source read by ``inspect``, as for any class on disk). MindCV's: tests/trainers."""
 
 from __future__ import annotations
 
 import mindspore as ms
 import pytest
-from mindcv.optim import create_optimizer
 from mindspore import Tensor, nn, ops
 
 from msmon_nb.collect.tensors import to_float
@@ -127,22 +126,6 @@ def params():
 def test_the_rule_is_read_from_the_code(cls, kind, undoes):
     rule = undo_rule(cls)
     assert (rule.kind, rule.undoes) == (kind, undoes)
-
-
-def test_mindcv_optimizers_rules():
-    """MindCV 0.3.0: AdamW and Lion undo the scale with their own reciprocal (need_scale
-    stays False); Adan by the convention; NAdam is told the scale and never undoes it."""
-    kinds = {}
-    for name in ("adamw", "lion", "adan", "nadam", "momentum", "sgd"):
-        opt = create_optimizer(params(), opt=name, lr=0.1, loss_scale=1024.0)
-        rule = undo_rule(type(opt))
-        kinds[name] = (rule.kind, rule.undoes, rule.factor(opt, to_float))
-    assert kinds["adamw"] == (OWN, True, pytest.approx(1 / 1024))
-    assert kinds["lion"] == (OWN, True, pytest.approx(1 / 1024))
-    assert kinds["adan"] == (CONVENTION, True, pytest.approx(1 / 1024))
-    assert kinds["nadam"] == (CONVENTION, False, pytest.approx(1 / 1024))
-    assert kinds["momentum"][2] == pytest.approx(1 / 1024)
-    assert kinds["sgd"][2] == pytest.approx(1 / 1024)
 
 
 @pytest.mark.parametrize(

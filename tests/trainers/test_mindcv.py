@@ -25,6 +25,8 @@ from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
 
+from msmon_nb.collect.tensors import to_float
+from msmon_nb.collect.unscale import CONVENTION, OWN, undo_rule
 from msmon_nb.collect.values import read_lr
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
@@ -130,12 +132,18 @@ def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, twins, clip, ema):
 def test_accumulation_records_the_applied_gradient(tmp_path, twins):
     """``gradient_accumulation_steps=2``: MindCV adds grad/2 of each micro-batch and steps
     the optimizer on every second ``Model.train`` step: grad_norm is the norm of that
-    mean, on the steps that apply it. No micro-batch's own gradient leaves MindCV's graph:
-    one warning says micro_grad_norm is not recorded."""
+    mean, on the steps that apply it. Each step's micro-batch gradient is seen inside
+    MindCV's graph, where MindSpore's accumulation op adds it to the buffer:
+    micro_grad_norm is that micro-batch's norm on every step (before, one warning said it
+    was not recorded)."""
     ref, plain_net = twins(accumulate=2)
-    with pytest.warns(UserWarning, match="micro_grad_norm is not recorded"):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         net, mon, run = monitored(tmp_path, accumulate=2)
-    assert "train/micro_grad_norm" not in run.tags  # never a micro-batch's: said instead
+    assert not [w for w in said if "micro_grad_norm is not recorded" in str(w.message)]
+    micro = run.scalars("train/micro_grad_norm")
+    assert micro.steps.tolist() == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(micro.values, ref.norms, rtol=1e-3)
     grad_norm = run.scalars("train/grad_norm")
     assert grad_norm.steps.tolist() == list(range(2, STEPS + 1, 2))
     expected = [ref.accumulated_norm(s - 2, 2) for s in grad_norm.steps]
@@ -275,3 +283,21 @@ def test_mindcv_adamw_global_step_never_moves() -> None:
     for _ in range(5):
         assert read_lr(opt) == pytest.approx(0.1)
     assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 0
+
+
+def test_mindcv_optimizers_rules():
+    """MindCV 0.3.0: AdamW and Lion undo the scale with their own reciprocal (need_scale
+    stays False); Adan by the convention; NAdam is told the scale and never undoes it."""
+    kinds = {}
+    for name in ("adamw", "lion", "adan", "nadam", "momentum", "sgd"):
+        opt = create_optimizer(
+            ms.nn.Dense(3, 2).trainable_params(), opt=name, lr=0.1, loss_scale=1024.0
+        )
+        rule = undo_rule(type(opt))
+        kinds[name] = (rule.kind, rule.undoes, rule.factor(opt, to_float))
+    assert kinds["adamw"] == (OWN, True, pytest.approx(1 / 1024))
+    assert kinds["lion"] == (OWN, True, pytest.approx(1 / 1024))
+    assert kinds["adan"] == (CONVENTION, True, pytest.approx(1 / 1024))
+    assert kinds["nadam"] == (CONVENTION, False, pytest.approx(1 / 1024))
+    assert kinds["momentum"][2] == pytest.approx(1 / 1024)
+    assert kinds["sgd"][2] == pytest.approx(1 / 1024)
