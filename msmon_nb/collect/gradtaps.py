@@ -267,6 +267,15 @@ def clip_cells() -> list[type]:
     return out
 
 
+def tapped_cells() -> tuple[type, ...]:
+    """The Cell classes whose methods ``GraphTaps`` wraps: a graph holding one of them
+    compiles with the wrappers (``collect.recompile``)."""
+    nn = _module("mindspore.nn")
+    names = ("TrainOneStepWithLossScaleCell", "DynamicLossScaleUpdateCell")
+    found = (getattr(nn, n, None) for n in names)
+    return (*clip_cells(), *(k for k in found if isinstance(k, type)))
+
+
 def _positional(function: Any) -> int:
     try:
         params = inspect.signature(function).parameters.values()
@@ -327,7 +336,7 @@ class StepTaps:
         self.optimizer = OptimizerTap(gate, each)
         self.graph = GraphTaps()
         # which compiled graphs compile again with the taps, and are dropped without them
-        self.recompiler = Recompiler()
+        self.recompiler = Recompiler(tapped_cells)
         self.reading = Reading()  # the reader whose steps the counters are read for
         # read the optimizer's per-gradient norms too (diagnose.blame): the count of
         # them, the optimizer's parameter count; 0 reads none

@@ -43,7 +43,7 @@ from __future__ import annotations
 import inspect
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from msmon_nb.collect.hooks import compile_cache, is_optimizer, jit_api
@@ -93,12 +93,14 @@ def graph_params(executor: Any, phase: str) -> list[str]:
 
 
 class Recompiler:
-    """The phases and cells our taps made compile, and dropping exactly those."""
+    """The phases and cells our taps made compile, and dropping exactly those.
+    ``cell_kinds``: the Cell classes the taps wrap (asked once, at the first decision)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cell_kinds: Callable[[], tuple[type, ...]] = tuple) -> None:
         self.cache = compile_cache()
         self._patches = Patches()
-        self._kinds: tuple[type, ...] | None = None  # the cell classes the taps wrap
+        self._ask_kinds = cell_kinds
+        self._kinds: tuple[type, ...] | None = None
         # per jit function ((fn, obj) ids and its creation stamp): (fn, obj, holds taps)
         self._decided: dict[tuple[int, int, Any], tuple[Any, Any, bool]] = {}
         # phase -> the graph executor that compiled it, for each phase compiled or run
@@ -231,13 +233,7 @@ class Recompiler:
 
     def _cell_kinds(self) -> tuple[type, ...]:
         if self._kinds is None:
-            from mindspore import nn
-
-            from msmon_nb.collect.gradtaps import clip_cells
-
-            names = ("TrainOneStepWithLossScaleCell", "DynamicLossScaleUpdateCell")
-            found = [getattr(nn, n, None) for n in names]
-            self._kinds = (*clip_cells(), *(k for k in found if isinstance(k, type)))
+            self._kinds = tuple(self._ask_kinds())
         return self._kinds
 
 
