@@ -94,13 +94,14 @@ def graph_params(executor: Any, phase: str) -> list[str]:
 
 class Recompiler:
     """The phases and cells our taps made compile, and dropping exactly those.
-    ``cell_kinds``: the Cell classes the taps wrap (asked once, at the first decision)."""
+    ``wrapped``: the Cell classes the taps wrap and the objects they change in place
+    (asked once, at the first decision)."""
 
-    def __init__(self, cell_kinds: Callable[[], tuple[type, ...]] = tuple) -> None:
+    def __init__(self, wrapped: Callable[[], tuple[Any, ...]] = tuple) -> None:
         self.cache = compile_cache()
         self._patches = Patches()
-        self._ask_kinds = cell_kinds
-        self._kinds: tuple[type, ...] | None = None
+        self._ask = wrapped
+        self._wrapped: tuple[tuple[type, ...], tuple[Any, ...]] | None = None
         # per jit function ((fn, obj) ids and its creation stamp): (fn, obj, holds taps)
         self._decided: dict[tuple[int, int, Any], tuple[Any, Any, bool]] = {}
         # phase -> the graph executor that compiled it, for each phase compiled or run
@@ -220,10 +221,10 @@ class Recompiler:
         """Whether ``obj`` is something the taps wrap, or a cell that holds one."""
         from mindspore import nn
 
-        if is_optimizer(obj):
+        kinds, objects = self._wrapped_now()
+        if is_optimizer(obj) or any(obj is o for o in objects):
             return True
         if isinstance(obj, nn.Cell):
-            kinds = self._cell_kinds()
             return any(is_optimizer(c) or isinstance(c, kinds) for _, c in obj.cells_and_names())
         if isinstance(obj, type | types.ModuleType):
             return False
@@ -231,10 +232,12 @@ class Recompiler:
         module = module or type(obj).__module__
         return isinstance(module, str) and module.startswith(TAPPED_MODULES)
 
-    def _cell_kinds(self) -> tuple[type, ...]:
-        if self._kinds is None:
-            self._kinds = tuple(self._ask_kinds())
-        return self._kinds
+    def _wrapped_now(self) -> tuple[tuple[type, ...], tuple[Any, ...]]:
+        if self._wrapped is None:
+            found = tuple(self._ask())
+            kinds = tuple(k for k in found if isinstance(k, type))
+            self._wrapped = (kinds, tuple(o for o in found if not isinstance(o, type)))
+        return self._wrapped
 
 
 def holds_taps(fn: Any, obj: Any, tapped: Any, depth: int = DEPTH) -> bool:
