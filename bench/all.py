@@ -68,6 +68,7 @@ BENCHES = (
     Bench("ranks", ("--data", str(CACHE / "ranks")),
           ("--ranks", "4", "--steps", "2000", "--repeat", "2")),
     Bench("export", (), ("--steps", "20000")),
+    Bench("compile", ("--repeats", "5"), ("--repeats", "1", "--hidden", "64", "--steps", "2")),
 )  # fmt: skip
 
 

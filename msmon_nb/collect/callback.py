@@ -21,13 +21,16 @@ the loss scale in force and whether it overflowed; ``collect.gradsource`` turns 
 into ``train/grad_norm`` as docs/ARCHITECTURE.md defines it (unscaled, before clipping) and the
 ``grad_norm_clipped``/``loss_scale``/``overflow``/``micro_grad_norm`` tags. The loss
 scale of a cell whose graph never reports it (a fixed ``scale_sense`` or ``sens``) is
-read from the cell. A graph compiled while wrapped keeps the (dormant) wrappers after
-training, so a second ``Model.train`` does not compile again: the train cell keeps the
+read from the cell. A graph compiled while wrapped keeps the (dormant) wrappers between
+``Model.train`` calls, so a second one does not compile again: the train cell keeps the
 taps its graph holds (``_msmon_taps``), and a later callback on that cell -- the same
-one, or another monitor's, as when a notebook cell runs again with a new run -- reads
-those taps instead of making its own (each compile of the bench MLP's train graph costs
-0.5-2 s; ``bench/overhead.py`` alternating two monitors on one model paid it at every
-``Model.train`` call, 1.46x plain).
+one, or another open monitor's -- reads those taps instead of making its own (each
+compile of the bench MLP's train graph costs 0.5-2 s; ``bench/overhead.py`` alternating
+two monitors on one model paid it at every ``Model.train`` call, 1.46x plain). When the
+monitor closes (``close``), that graph is dropped: nothing of ours stays in the user's
+graph, and the cell's next ``Model.train`` compiles it once without us. Other compiled
+graphs (the jit ``construct`` of an optimizer in a PyNative ``Model.train``) are the
+recompiler's (``collect.recompile``), installed with the taps.
 """
 
 from __future__ import annotations
@@ -90,11 +93,11 @@ class MonitorCallback(Callback):
         self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
         self._mixed = False  # several optimizers stepped in the last step's graph
-        self._several: dict[str, float] = {}  # then each one's values (collect.several)
         self._lrs: dict[int, float] = {}  # each held optimizer's lr before the step
         self._namer = Namer()
         self._held: tuple[Any, list[Any]] | None = None
         self._calls: list[tuple[int, float]] = []
+        self._compiled: list[Any] = []  # train cells whose graph this callback's taps hold
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -294,7 +297,7 @@ class MonitorCallback(Callback):
         if self.tap is None:
             # no jit cache to drop: the train cell's own graph is dropped below, and
             # PyNative runs the wrappers as they are (other jit functions keep theirs)
-            self.tap = mon.guard("making the grad_norm taps", StepTaps, None, own_gate, self._blame)
+            self.tap = mon.guard("making the grad_norm taps", StepTaps, own_gate, self._blame)
             if self.tap is None:
                 return
         if self._reading is None:
@@ -309,6 +312,8 @@ class MonitorCallback(Callback):
             drop_compiled([network])
             network._msmon_taps = self.tap
             self._compile_first = True
+        if not any(c is network for c in self._compiled):
+            self._compiled.append(network)
 
     def _compile_with_taps(self, cb: Any) -> None:
         """Compile the train cell with our taps before its first step, on that step's
@@ -374,3 +379,15 @@ class MonitorCallback(Callback):
         if cell is not None:
             mon.guard("removing the loss tap", remove_loss_tap, cell)
             drop_compiled([cell])  # its graph held the loss tap
+
+    def close(self) -> None:
+        """The monitor closes: ``release``, and the train cells whose graph holds the taps
+        this callback used lose that graph (their next ``Model.train`` compiles once,
+        without us), so nothing of ours stays in them."""
+        self.release()
+        cells, self._compiled = self._compiled, []
+        for cell in cells:
+            taps = getattr(cell, "_msmon_taps", None)
+            if taps is not None and taps is self.tap:
+                drop_compiled([cell])
+                vars(cell).pop("_msmon_taps", None)

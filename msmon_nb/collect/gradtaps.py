@@ -29,9 +29,10 @@ on 2.10: a wrapper returning ``out`` from an ``if`` changed a float16 jit step's
 in the last bits -- the branch moved where MindSpore fused the unscale -- and a branch
 whose result nothing used was dropped from an AdamWeightDecay graph.)
 
-A graph compiled before ``install`` keeps its old code: ``install``/``uninstall`` drop
-the jit compile cache (``collect.hooks.compile_cache``)
-and callers drop a train cell's own cache, as for the optimizer tap.
+A graph compiled before ``install`` keeps its old code, and one compiled while they are
+on keeps them: which graphs compile again and which are dropped when the taps go off,
+``collect.recompile.Recompiler`` decides, for every jit function and train cell, as for
+the optimizer tap (``StepTaps`` installs it with them).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from msmon_nb.collect.graph import (
 )
 from msmon_nb.collect.hooks import subclasses
 from msmon_nb.collect.patches import Patches
+from msmon_nb.collect.recompile import Recompiler
 
 _ONE = Tensor(1, ms.int32)
 _ZERO = Tensor(0, ms.int32)
@@ -82,8 +84,7 @@ class Counts:
 class GraphTaps:
     """The Parameters the clip and loss-scale wrappers write, and the wrappers."""
 
-    def __init__(self, cache: set | None) -> None:
-        self.cache = cache
+    def __init__(self) -> None:
         self.on = tap_scalar("msmon_taps_on", 0, ms.int32)
         self.clip_sq = tap_scalar("msmon_clip_sq", 0.0, ms.float32)
         self.clip_calls = tap_scalar("msmon_clip_calls", 0, ms.int32)
@@ -101,10 +102,9 @@ class GraphTaps:
     def installed(self) -> bool:
         return bool(self._patches) or bool(self._overloads)
 
-    def install(self, recompile: bool = True) -> None:
+    def install(self) -> None:
         """Wrap what exists in this MindSpore (each piece is looked up, not assumed).
-        ``recompile``: drop compiled jit graphs, so their next call compiles with the
-        wrappers (PyNative calls see them at once)."""
+        PyNative calls see the wrappers at once; graphs, as ``collect.recompile`` decides."""
         if self._patches:
             return
         clip = _module("mindspore.ops.function.clip_func")
@@ -133,25 +133,16 @@ class GraphTaps:
         boost = _module("mindspore.boost.grad_accumulation")
         accumulate = getattr(boost, "gradient_accumulation_op", None)
         self._overloads.put(accumulate, ACCUMULATE, self._accumulate)
-        if recompile:
-            self._recompile()
 
     def _attr(self, name: str) -> str:
         return f"_msmon_original_{name}_{id(self):x}"
 
-    def uninstall(self, recompile: bool = True) -> None:
-        """Restore what ``install`` wrapped; ``recompile``: drop compiled jit graphs
-        (those compiled while wrapped hold the wrappers)."""
+    def uninstall(self) -> None:
+        """Restore what ``install`` wrapped."""
         if not self.installed:
             return
         self._patches.restore()
         self._overloads.restore()
-        if recompile:
-            self._recompile()
-
-    def _recompile(self) -> None:
-        if self.cache is not None:
-            self.cache.clear()
 
     def set_collect(self, collect: bool) -> None:
         """Write in the coming steps or not (a 4-byte write when it changes)."""
@@ -366,6 +357,18 @@ def clip_cells() -> list[type]:
     return out
 
 
+def tapped_things() -> tuple[Any, ...]:
+    """The Cell classes whose methods ``GraphTaps`` wraps, and the objects it overloads in
+    place (``gradient_accumulation_op``): a graph holding one compiles with the wrappers
+    (``collect.recompile``)."""
+    nn = _module("mindspore.nn")
+    names = ("TrainOneStepWithLossScaleCell", "DynamicLossScaleUpdateCell")
+    found = [getattr(nn, n, None) for n in names]
+    boost = _module("mindspore.boost.grad_accumulation")
+    found.append(getattr(boost, "gradient_accumulation_op", None))
+    return (*clip_cells(), *(k for k in found if k is not None))
+
+
 def _positional(function: Any) -> int:
     try:
         params = inspect.signature(function).parameters.values()
@@ -422,9 +425,11 @@ class StepTaps:
     per wrapped call inside the graph.
     """
 
-    def __init__(self, cache: set | None, gate: Any = None, each: bool = False) -> None:
-        self.optimizer = OptimizerTap(cache, gate, each)
-        self.graph = GraphTaps(cache)
+    def __init__(self, gate: Any = None, each: bool = False) -> None:
+        self.optimizer = OptimizerTap(gate, each)
+        self.graph = GraphTaps()
+        # which compiled graphs compile again with the taps, and are dropped without them
+        self.recompiler = Recompiler(tapped_things)
         self.reading = Reading()  # the reader whose steps the counters are read for
         # read the optimizer's per-gradient norms too (diagnose.blame): the count of
         # them, the optimizer's parameter count; 0 reads none
@@ -458,18 +463,19 @@ class StepTaps:
         """``begin()`` was called for a step that has not ended."""
         return self.reading.begun is not None
 
-    def install(self) -> None:
-        if self.graph.installed:  # (PyNative-only until now) graphs must compile again
-            self.graph._recompile()
+    def install(self, optimizer: bool = True) -> None:
+        """Wrap the clip and loss-scale functions and (``optimizer``) the optimizers;
+        from then on the recompiler picks the graphs that compile with them."""
+        self.recompiler.install()
         self.graph.install()
-        self.optimizer.install()
+        if optimizer:
+            self.optimizer.install()
 
     def uninstall(self) -> None:
-        # no graph compiles with the clip/loss-scale wrappers unless the optimizer tap
-        # made it compile (PyNative runs them where they are)
-        compiled = self.optimizer.installed
         self.optimizer.uninstall()
-        self.graph.uninstall(recompile=compiled)
+        self.graph.uninstall()
+        # last: a graph compiled with the wrappers is dropped once they are gone
+        self.recompiler.uninstall()
 
     @contextmanager
     def suspended(self) -> Iterator[None]:
@@ -480,10 +486,8 @@ class StepTaps:
         try:
             yield
         finally:
-            if graph:
-                self.graph.install(recompile=optimizer)
-            if optimizer:
-                self.optimizer.install()
+            if graph or optimizer:
+                self.install(optimizer=optimizer)
 
     def set_collect(self, collect: bool) -> None:
         self.optimizer.set_collect(collect)

@@ -142,14 +142,13 @@ class OptimizerTap:
     and ``get_lr`` on each class that defines one with a wrapper that passes the
     original's value through, keeping the first one after ``arm_lr()`` (``_lr_tapped``).
     MindSpore compiles the wrappers into any graph that calls the optimizer. Functions
-    compiled before keep their graphs: ``install`` removes their
-    phases from the compile cache so that their next call compiles again, and
-    ``uninstall`` does the same so that nothing of ours stays in the user's graphs.
+    compiled before keep their graphs: which of them compile again with the wrappers,
+    and which graphs are dropped once they are gone, ``collect.recompile`` decides
+    (``gradtaps.StepTaps`` installs both).
     ``read()`` copies two scalars to the host, ``read_lr()`` one or two.
     """
 
-    def __init__(self, cache: set | None, gate: Any = None, each: bool = False) -> None:
-        self.cache = cache
+    def __init__(self, gate: Any = None, each: bool = False) -> None:
         self.gate = gate  # a collect.skip.SkipGate: the update runs only when it passes
         # keep each gradient's norm too (``each``): a constant of the wrapper, so a run
         # without blame compiles the graph it compiled before
@@ -229,7 +228,6 @@ class OptimizerTap:
         if self.gate is not None:
             self.gate.active += 1
             self.gate.taps.append(self)
-        self._recompile()
 
     def uninstall(self) -> None:
         if not self._saved:
@@ -242,11 +240,6 @@ class OptimizerTap:
         if self.gate is not None:
             self.gate.active -= 1
             self.gate.taps.remove(self)
-        self._recompile()
-
-    def _recompile(self) -> None:
-        if self.cache is not None:
-            self.cache.clear()
 
     def set_collect(self, collect: bool) -> None:
         """Compute norm and lr in the coming calls or not (a 4-byte write on a change)."""

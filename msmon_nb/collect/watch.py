@@ -15,9 +15,10 @@ in that ``collect.hooks`` finds in the installed MindSpore:
 * ``nn.DistributedGradReducer.__call__``: in data parallel, the all-reduced gradients;
 * ``_JitExecutor.__call__``: a step compiled with ``mindspore.jit``. Its insides are a
   graph, so at the first one ``collect.graph.OptimizerTap`` wraps every optimizer
-  class's ``construct`` and drops the compiled phases: the step compiles again (once)
-  with the wrapper, which stores the gradients' global norm and the lr in Parameters
-  read on collected steps;
+  class's ``construct``, and a step that holds an optimizer compiles again (once) with
+  the wrapper, which stores the gradients' global norm and the lr in Parameters read on
+  collected steps; jit functions that hold nothing we wrap keep their compiled graphs
+  (``collect.recompile``);
 * ``Model.train``/``fit``/``eval`` (when ``use_callback`` is on): the monitor's callback
   is added, and the hooks above stay quiet inside.
 
@@ -44,13 +45,13 @@ from typing import Any
 
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
-from msmon_nb.collect.hooks import compile_cache, find_ways_in, is_optimizer, original
+from msmon_nb.collect.hooks import find_ways_in, is_optimizer, original
 from msmon_nb.collect.optstate import find_optimizer
 from msmon_nb.collect.parts import Namer, Part, Parts, merge, user_namespaces
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.several import attribute, grouped, optimizers_held, read_lrs, values_for
-from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
+from msmon_nb.collect.tapguard import run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.unscale import received_factor
 from msmon_nb.collect.values import (
@@ -114,7 +115,6 @@ class Watch:
         self.tap: Any = None  # collect.gradtaps.StepTaps
         self._tap_why: str | None = None
         self._train_cells: dict[int, bool] = {}
-        self._recompiled_cells: list[Any] = []
         self._reset()
         self.opt_seen = False  # steps end at optimizer (or train cell) returns
         self.pending = False  # a step began that has not been recorded yet
@@ -223,12 +223,12 @@ class Watch:
             from msmon_nb.collect.gradtaps import StepTaps
 
             # without the cache, steps first compiled inside the watch still get the tap
-            self.tap = StepTaps(compile_cache(), gate, self._blame)
+            self.tap = StepTaps(gate, self._blame)
             self._tap_why = ways["compile_cache"].missing_message(version)
             # clip and loss-scale functions run in Python in PyNative loops: wrapped now
-            # (nothing compiled is dropped until a graph step needs it)
+            # (a compiled graph compiles again only if it holds one: collect.recompile)
             self.monitor.guard(
-                "wrapping the clip and loss-scale functions", self.tap.graph.install, False
+                "wrapping the clip and loss-scale functions", self.tap.install, False
             )
             if gate is not None:  # every optimizer call is gated, PyNative ones too
                 self.gate = gate
@@ -263,7 +263,6 @@ class Watch:
 
                 for cell in self._loss_tapped:
                     remove_loss_tap(cell)
-            drop_compiled(self._recompiled_cells)
         finally:
             if self in ACTIVE:
                 ACTIVE.remove(self)
@@ -557,11 +556,7 @@ class Watch:
             self.monitor.warn_once("tap failed", message)
 
         return run_unwrapped_on_failure(
-            lambda: original(obj, *args, **kwargs),
-            tap,
-            [obj, *self._recompiled_cells],
-            warn,
-            where,
+            lambda: original(obj, *args, **kwargs), tap, [obj], warn, where
         )
 
     def _gate_loss(self) -> bool:
@@ -581,19 +576,15 @@ class Watch:
 
     def _prepare_graph_cell(self, cell: Any) -> None:
         """A train cell run in GRAPH_MODE compiles like a jit step: same tap, and its own
-        compile cache dropped once so that it compiles with the wrapper."""
+        graphs compiled again once with it (``collect.recompile``)."""
         import mindspore as ms
 
         if ms.get_context("mode") != ms.GRAPH_MODE:
             return
         self.jit_ran = True
-        if any(c is cell for c in self._recompiled_cells):
-            return
         self._install_tap()
-        cache = getattr(cell, "compile_cache", None)
-        if isinstance(cache, set) and self.tap is not None and self.tap.optimizer.installed:
-            cache.clear()
-            self._recompiled_cells.append(cell)
+        if self.tap is not None and self.tap.optimizer.installed:
+            self.tap.recompiler.prepare_cell(cell)
 
     def _is_train_cell(self, cell: Any) -> bool:
         known = self._train_cells.get(id(cell))

@@ -137,7 +137,7 @@ class Monitor(Steering):
         for ref in self._callbacks:  # a Model.train that raised never ran on_train_end
             callback = ref()
             if callback is not None:
-                self.guard("unwrapping after Model.train", callback.release)
+                self.guard("unwrapping after Model.train", callback.close)
         if self._actions is not None:
             self.guard("unwrapping the optimizers", self._actions.close)
         if self.collector.comm is not None:

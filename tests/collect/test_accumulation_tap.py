@@ -29,8 +29,8 @@ class Accumulating(nn.Cell):
 
 def test_the_op_is_wrapped_while_installed_and_the_original_after():
     original, entries = overloaded(accumulate, ACCUMULATE), list(accumulate.entries)
-    taps = GraphTaps(cache=None)
-    taps.install(recompile=False)
+    taps = GraphTaps()
+    taps.install()
     try:
         assert overloaded(accumulate, ACCUMULATE) is not original
         taps.set_collect(True)
@@ -41,7 +41,7 @@ def test_the_op_is_wrapped_while_installed_and_the_original_after():
         assert taps.micro_norm() == 5.0  # the gradient before the op halves it
         np.testing.assert_array_equal(cell.buffer.asnumpy(), [1.5, 2.0, 0.0, 0.0])
     finally:
-        taps.uninstall(recompile=False)
+        taps.uninstall()
         ms.set_context(mode=ms.PYNATIVE_MODE)
     assert overloaded(accumulate, ACCUMULATE) is original
     assert accumulate.entries == entries
