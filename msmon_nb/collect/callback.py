@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
+from msmon_nb.collect.accumulation import holds_buffer
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
@@ -87,6 +88,9 @@ class MonitorCallback(Callback):
         self._blame = blame_on(monitor.config)
         self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
+        # whether the train cell accumulates gradients (read once per Model.train call):
+        # without a buffer, a step that calls no optimizer skipped its update
+        self._buffer: bool | None = None
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -102,6 +106,7 @@ class MonitorCallback(Callback):
         mon.trains(network, self.optimizer)  # what checkpoint saves and lr xF scales
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
+        self._buffer = mon.guard("reading the train cell", holds_buffer, network)
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
@@ -208,7 +213,7 @@ class MonitorCallback(Callback):
         """grad_norm and the other gradient tags of the collected step that just ended;
         the lr the optimizer used goes to ``self._lr``."""
         self.tap.each = len(self._names) if self._blame else 0
-        seen, lr = self.tap.end()
+        seen, lr = self.tap.end(buffer=self._buffer)
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
         if not self.monitor.config.tracks("grad_norm"):
