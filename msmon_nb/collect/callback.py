@@ -47,7 +47,7 @@ from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr
 from msmon_nb.config import suggest_tag
-from msmon_nb.config.blame import blame_on
+from msmon_nb.config.blame import keeps_param_norms
 
 if TYPE_CHECKING:
     from msmon_nb.collect.recorder import Recorder
@@ -85,7 +85,7 @@ class MonitorCallback(Callback):
         self._compile_first = False  # the train cell's graph was dropped for our taps
         # per-parameter gradient norms for diagnose.blame: the optimizer's parameter
         # names (read once per Model.train call) and the collected step's norms
-        self._blame = blame_on(monitor.config)
+        self._blame = keeps_param_norms(monitor.config)  # blame, param_stats
         self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
         # whether the train cell accumulates gradients (read once per Model.train call):

@@ -59,7 +59,7 @@ from msmon_nb.collect.values import (
     read_global_step,
     read_lr,
 )
-from msmon_nb.config.blame import blame_on
+from msmon_nb.config.blame import keeps_param_norms
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ class Watch:
         self._told: tuple[Any, Any] = (None, None)  # (train cell, optimizer) told the recorder
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
-        self._blame = blame_on(recorder.config)  # keep per-parameter gradient norms
+        # keep per-parameter gradient norms (blame, param_stats)
+        self._blame = keeps_param_norms(recorder.config)
         self._names: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (optimizer, names)
         self._buffers: dict[int, tuple[Any, bool | None]] = {}  # id -> (owner, holds_buffer)
 
