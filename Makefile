@@ -17,11 +17,23 @@ venv: $(STAMP)
 # train-step modules are loaded as files)
 SUITES := mindone==0.5.0 mindocr==0.5.0
 
+# MindFormers 2.1.0 (tests/trainers/test_mindformers.py) pins mindspore~=2.11.0 and
+# hyper-parallel, neither on PyPI: it goes in --no-deps, with the packages its import needs,
+# into a dir of its own that the test appends to sys.path, so nothing in the venv changes.
+# Pinned where the newest would need NumPy 2 (pyarrow<24, pandas<3) or a huggingface_hub
+# newer than mindone's (datasets<3.6)
+MINDFORMERS := mindformers==2.1.0 datasets==3.5.1 pyarrow==23.0.1 pandas==2.3.3 \
+	pytz==2026.6 multiprocess==0.70.19 xxhash==4.1.0 deprecated==1.3.1 wrapt==2.5.2 \
+	regex==2026.12.2 jieba==0.42.1 rouge_chinese==1.0.3 tokenizers==0.23.3 \
+	sentencepiece==0.2.3 tiktoken==0.14.0 mindpet==1.0.4 tensorboardX==2.6.5
+
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(SUITES)
+	rm -rf $(VENV)/mindformers
+	$(BIN)/python -m pip install --quiet --no-deps --target $(VENV)/mindformers $(MINDFORMERS)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from mindspore.train import Callback
 
+from msmon_nb.collect.accumulation import holds_buffer
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
@@ -51,7 +52,7 @@ from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr, unscale_received
 from msmon_nb.config import suggest_tag
-from msmon_nb.config.blame import blame_on
+from msmon_nb.config.blame import keeps_param_norms
 
 if TYPE_CHECKING:
     from msmon_nb.collect.recorder import Recorder
@@ -89,7 +90,7 @@ class MonitorCallback(Callback):
         self._compile_first = False  # the train cell's graph was dropped for our taps
         # per-parameter gradient norms for diagnose.blame: the optimizer's parameter
         # names (read once per Model.train call) and the collected step's norms
-        self._blame = blame_on(monitor.config)
+        self._blame = keeps_param_norms(monitor.config)  # blame, param_stats
         self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
         self._mixed = False  # several optimizers stepped in the last step's graph
@@ -98,6 +99,9 @@ class MonitorCallback(Callback):
         self._held: tuple[Any, list[Any]] | None = None
         self._calls: list[tuple[int, float]] = []
         self._compiled: list[Any] = []  # train cells whose graph this callback's taps hold
+        # whether the train cell accumulates gradients (read once per Model.train call):
+        # without a buffer, a step that calls no optimizer skipped its update
+        self._buffer: bool | None = None
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -113,6 +117,7 @@ class MonitorCallback(Callback):
         mon.trains(network, self.optimizer)  # what checkpoint saves and lr xF scales
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
+        self._buffer = mon.guard("reading the train cell", holds_buffer, network)
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
@@ -246,7 +251,7 @@ class MonitorCallback(Callback):
         """grad_norm and the other gradient tags of the collected step that just ended;
         the lr the optimizer used goes to ``self._lr``."""
         self.tap.each = len(self._names) if self._blame else 0
-        seen, lr = self.tap.end()
+        seen, lr = self.tap.end(buffer=self._buffer)
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
         mon = self.monitor

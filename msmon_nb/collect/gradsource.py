@@ -89,6 +89,9 @@ class GradSeen:
     # (optimizer fingerprint, norm) of each optimizer call inside the step's graph where
     # there were several (``graph.OptimizerTap.read_calls``)
     calls: list[tuple[int, float]] = field(default_factory=list)
+    # the step called no optimizer and its cell accumulates nothing: an update it skipped
+    # by a rule of its own (MindFormers' skip by global norm, a user's), not a micro-batch
+    skipped: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ class Resolved:
     grad_norm: float | None
     values: dict[str, float]
     note: str | None = None
-    source: str | None = None  # produced / clip / received: where grad_norm comes from
+    source: str | None = None  # produced / clip / received: where grad_norm comes from;
+    # skipped: the step skipped its update (no grad_norm, nothing to warn about)
     # several optimizers stepped inside the step's one graph: its loss and lr are not
     # the step's either (the way in drops them)
     mixed: bool = False
@@ -116,6 +120,10 @@ def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
         values[OVERFLOW] = 1.0 if seen.overflow else 0.0
     if seen.overflow:
         return Resolved(None, values)  # inf/nan by construction: the step skipped it
+    if seen.skipped:
+        # no update, so no grad_norm (one step is one update), and its clip input is the
+        # whole gradient, not a micro-batch's: nothing but the loss scale is recorded
+        return Resolved(None, values, source="skipped")
     if len(seen.micro) > 1:
         values[MICRO] = max(seen.micro)
     elif seen.micro_in_graph is not None:  # (after a clip of each micro-batch, if any)
@@ -173,24 +181,39 @@ def scaling_artifact(values: dict[str, float], loss: Any) -> bool:
 
 
 class StepPattern:
-    """How a loop shapes its steps, learnt from call counts over the run (the steps in
-    between collected ones included):
+    """How a loop shapes its steps, decided per step from what the step did and what its
+    train cell holds (``collect.accumulation``), not from what earlier steps did:
 
-    * ``accumulating``: steps that called no optimizer and were not skipped for an
-      overflow (MindCV's or MindOCR's train step with ``gradient_accumulation_steps``:
-      the optimizer runs on every M-th step);
-    * ``per_micro_clip``: clipping on steps that apply no update. MindCV clips each
-      micro-batch before accumulating it; MindOCR and MindYOLO clip what the optimizer
-      gets. Seen directly on a collected step that clipped without an optimizer call, or
-      across uncollected steps when they clipped more often per update than a collected
-      update step does (clip calls per step vary: ``nn.ClipByNorm`` runs once a tensor).
+    * ``accumulating``: the optimizer gets a gradient summed over micro-batches and runs
+      on every M-th step (MindCV's, mindone's or MindOCR's train step with
+      ``gradient_accumulation_steps``). A fact of the train cell (``buffer``: it holds an
+      accumulation buffer). A step that called no optimizer in a cell that holds none is
+      an update the step skipped -- an overflow, MindFormers'
+      ``use_skip_data_by_global_norm``, a user's rule -- and changes nothing for the next
+      steps. Only where no cell says (``buffer`` None) is it learnt from call counts:
+      steps that called no optimizer and were not skipped for an overflow;
+    * ``per_micro_clip``: under accumulation, clipping on steps that apply no update.
+      MindCV clips each micro-batch before accumulating it; MindOCR and MindYOLO clip what
+      the optimizer gets. Seen directly on a collected step that clipped without an
+      optimizer call, or across uncollected steps when they clipped more often per update
+      than a collected update step does (clip calls per step vary: ``nn.ClipByNorm`` runs
+      once a tensor).
     """
 
     def __init__(self) -> None:
-        self.accumulating = False
-        self.per_micro_clip = False
+        self.buffer: bool | None = None  # the step's train cell holds an accumulation buffer
+        self._accumulating = False  # learnt from counts (``buffer`` None only)
+        self._per_micro_clip = False
         self._totals = [0, 0, 0]  # steps, optimizer calls, skipped updates
         self._clips_per_update: float | None = None  # on a collected update step
+
+    @property
+    def accumulating(self) -> bool:
+        return self._accumulating if self.buffer is None else self.buffer
+
+    @property
+    def per_micro_clip(self) -> bool:
+        return self._per_micro_clip and self.buffer is not False
 
     def update(self, steps: int, clip_calls: int, optimizer_calls: int, skipped: int) -> None:
         """Counts over ``steps`` steps since the last update (``steps == 1``: a
@@ -200,12 +223,14 @@ class StepPattern:
         totals[1] += optimizer_calls
         totals[2] += skipped
         if totals[1] > 0 and totals[1] + totals[2] < totals[0]:
-            self.accumulating = True
+            self._accumulating = True
+        if self.buffer is False:
+            return  # steps without an update were skipped ones: nothing to learn
         updates = optimizer_calls + skipped
         if steps == 1:
             if clip_calls and not updates:
-                self.per_micro_clip = True
+                self._per_micro_clip = True
             elif clip_calls and updates:
                 self._clips_per_update = clip_calls / updates
         elif updates and clip_calls and self._clips_per_update is not None:
-            self.per_micro_clip |= clip_calls / updates > self._clips_per_update
+            self._per_micro_clip |= clip_calls / updates > self._clips_per_update

@@ -508,16 +508,29 @@ class StepTaps:
         if self.optimizer.installed:
             self.optimizer.arm_lr()
 
-    def end(self, python_optimizer_calls: int = 0) -> tuple[GradSeen, float | None]:
+    def end(
+        self, python_optimizer_calls: int = 0, buffer: bool | None = None
+    ) -> tuple[GradSeen, float | None]:
         """After a collected step; ``python_optimizer_calls``: optimizer calls the watch
-        saw in Python this step (the tap does not count those)."""
+        saw in Python this step (the tap does not count those); ``buffer``: whether the
+        step's train cell holds an accumulation buffer (``collect.accumulation``; None:
+        not known)."""
         now = self.counts()
         reading = self.reading
+        reading.pattern.buffer = buffer
         step = now - (reading.begun or now)
         reading.last, reading.begun = now, None
         calls = step.optimizer + python_optimizer_calls
-        reading.pattern.update(1, step.clips, calls, step.overflows)
-        seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=reading.pattern.accumulating)
+        pattern = reading.pattern
+        pattern.update(1, step.clips, calls, step.overflows)
+        seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=pattern.accumulating)
+        # no update, no overflow, and a cell that accumulates nothing: a skipped update
+        seen.skipped = (
+            calls == 0
+            and step.overflows == 0
+            and pattern.buffer is False
+            and self.optimizer.installed
+        )
         if step.optimizer > 1:  # which optimizers they were (collect.several)
             seen.calls = self.optimizer.read_calls(now.optimizer - step.optimizer, now.optimizer)
         if step.optimizer == 0 and self.optimizer.installed:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from msmon_nb.collect.gradsource import SEVERAL_UNTOLD
-from msmon_nb.collect.graph import optimizer_key
 from msmon_nb.collect.hooks import is_optimizer
 from msmon_nb.collect.tensors import to_float
 
@@ -45,6 +44,8 @@ def optimizers_held(owner: Any) -> list[Any]:
 def attribute(calls: Sequence[tuple[int, float]], candidates: Sequence[Any]) -> Calls | None:
     """Give each ``(fingerprint, norm)`` call to the one candidate optimizer with that
     fingerprint; None where one cannot be told (no candidate, or two share it)."""
+    from msmon_nb.collect.graph import optimizer_key  # (MindSpore: only where it is used)
+
     by_key: dict[int, Any] = {}
     for optimizer in candidates:
         key = optimizer_key(optimizer)

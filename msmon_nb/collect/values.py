@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msmon_nb.collect.devnorm import launch_global_norm
@@ -227,9 +227,12 @@ def param_stats(
     grads: Sequence[Any] | None,
     targets: Iterable[str],
     grad_scale: float = 1.0,
+    measured: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """``param/<name>/weight_norm`` and ``.../grad_norm`` for names matching ``targets``
-    (gradient norms divided by ``grad_scale``, the loss scale still in them)."""
+    (gradient norms divided by ``grad_scale``, the loss scale still in them).
+    ``measured``: name -> gradient norm already unscaled, where no gradient reached the
+    host (a graph step: the optimizer tap's per-gradient norms, ``gradsource.param_norms``)."""
     patterns = [re.compile(t) for t in targets]
     out: dict[str, float] = {}
     for i, name in enumerate(names):
@@ -241,6 +244,8 @@ def param_stats(
         if grads is not None and i < len(grads):
             norm = math.sqrt(sum_of_squares(to_numpy(grads[i])))
             out[f"param/{tag}/grad_norm"] = norm / grad_scale
+        elif measured is not None and name in measured:
+            out[f"param/{tag}/grad_norm"] = float(measured[name])
     return out
 
 
@@ -337,7 +342,12 @@ def step_values(
         values[TAGS["global_step"]] = float(global_step)
     if tracks("param_stats") and params:
         names = [getattr(p, "name", f"param_{i}") for i, p in enumerate(params)]
-        values.update(param_stats(names, params, leaves, config.param_targets, grad_scale))
+        measured = None
+        if leaves is None and inputs.param_norms is not None:
+            measured = dict(zip(*inputs.param_norms, strict=True))
+        values.update(
+            param_stats(names, params, leaves, config.param_targets, grad_scale, measured)
+        )
     if tracks("system"):
         from msmon_nb.collect.system import system_metrics
 

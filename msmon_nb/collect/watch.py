@@ -43,6 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from msmon_nb.collect.accumulation import holds_buffer
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import find_ways_in, is_optimizer, original
@@ -62,7 +63,7 @@ from msmon_nb.collect.values import (
     read_lr,
     unscale_received,
 )
-from msmon_nb.config.blame import blame_on
+from msmon_nb.config.blame import keeps_param_norms
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,10 @@ class Watch:
         self._told: tuple[Any, Any] = (None, None)  # (train cell, optimizer) told the recorder
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
-        self._blame = blame_on(recorder.config)  # keep per-parameter gradient norms
+        # keep per-parameter gradient norms (blame, param_stats)
+        self._blame = keeps_param_norms(recorder.config)
         self._names: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (optimizer, names)
+        self._buffers: dict[int, tuple[Any, bool | None]] = {}  # id -> (owner, holds_buffer)
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -704,7 +707,7 @@ class Watch:
         if tap is not None and tap.begun:
             names = self._guard(self._tapped_names) if self._blame else None
             tap.each = len(names) if names else 0
-            got = self._guard(tap.end, self._opt_calls - self._opt_at_begin)
+            got = self._guard(tap.end, self._opt_calls - self._opt_at_begin, self._holds_buffer())
             if got is not None:
                 seen, tap_lr = got
         if tap_lr is not None and self.lr is None and self._wants("learning_rate"):
@@ -962,6 +965,18 @@ class Watch:
         if known is None or known[0] is not owner:
             known = (owner, self._guard(optimizers_held, owner) or [])
             self._held[id(owner)] = known
+        return known[1]
+
+    def _holds_buffer(self) -> bool | None:
+        """Whether the step's train cell holds a gradient accumulation buffer
+        (``collect.accumulation``), read once per cell. None for other steps: a jit step
+        may accumulate across calls in Python (``calls``), so counts still decide there."""
+        owner = self.owner if self.kind == "train_cell" else None
+        if owner is None:
+            return None
+        known = self._buffers.get(id(owner))
+        if known is None or known[0] is not owner:
+            known = self._buffers[id(owner)] = (owner, self._guard(holds_buffer, owner))
         return known[1]
 
     def _tapped_names(self) -> tuple[str, ...]:

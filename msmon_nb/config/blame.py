@@ -43,6 +43,13 @@ def blame_on(config: Any) -> bool:
     return bool(resolve_blame(config.blame)["enabled"]) and config.tracks("grad_norm")
 
 
+def keeps_param_norms(config: Any) -> bool:
+    """Whether the ways in measure each parameter's gradient norm: for blame, or for
+    ``param_stats``' ``param/<name>/grad_norm`` where the gradients stay inside a graph
+    (the optimizer tap's per-gradient norms are the only ones there)."""
+    return blame_on(config) or config.tracks("param_stats")
+
+
 def _bad(key: str, value: Any, why: str, example: str) -> ConfigError:
     return ConfigError(f"monitor_config.blame.{key}={value!r}: {why}; for example blame: {example}")
 

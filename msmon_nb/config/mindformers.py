@@ -25,7 +25,8 @@ UNSUPPORTED = {
     "max_attention_logit_format": "max attention logits",
     "print_struct": "print the parameter names and stop",
     "stable_rank_config": "stable rank of the weights",
-    "health_checkpoint": "checkpoint health by embedding norm",
+    # its global_norm_spike_threshold is mapped (apply_mindformers); this is the rest
+    "health_checkpoint": "checkpoint health by embedding norm (embedding_local_norm_threshold)",
 }
 FORMAT_KEYS = (
     "local_norm_format",
@@ -149,10 +150,17 @@ def apply_mindformers(mf: Mapping[str, Any], kwargs: dict[str, Any]) -> list[str
             raise _fail(key, mf[key], "must be a mapping or null", f"{key}: null")
 
     check = _bool("check_for_global_norm", mf.get("check_for_global_norm"))
+    health = mf.get("health_checkpoint") or {}
+    if health.get("global_norm_spike_threshold") is not None:
+        # 2.1.0's place for the threshold: it also switches the check on, and wins over
+        # the deprecated top-level pair (TrainingStateMonitor._init_global_norm_monitor_config)
+        threshold = _threshold(health["global_norm_spike_threshold"])
+        check = True
     skip = _bool("use_skip_data_by_global_norm", mf.get("use_skip_data_by_global_norm"))
     if check and skip:
         raise ConfigError(
-            "monitor_config sets both check_for_global_norm and use_skip_data_by_global_norm; "
+            "monitor_config sets both check_for_global_norm (or "
+            "health_checkpoint.global_norm_spike_threshold) and use_skip_data_by_global_norm; "
             "MindFormers allows one of them; for example check_for_global_norm: true, "
             "use_skip_data_by_global_norm: false"
         )
@@ -183,6 +191,8 @@ def apply_mindformers(mf: Mapping[str, Any], kwargs: dict[str, Any]) -> list[str
         asks = _format(key, value) if key in FORMAT_KEYS else bool(value)
         if key == "stable_rank_config":
             asks = bool(value) and _format("stable_rank_config.format", value.get("format"))
+        if key == "health_checkpoint":
+            asks = bool(value) and value.get("embedding_local_norm_threshold") is not None
         if asks:
             ignored.append(key)
     return ignored
@@ -263,10 +273,140 @@ def warn_ignored(keys: list[str], stacklevel: int = 3) -> None:
     """One ``MonitorWarning`` naming every ignored MindFormers key."""
     if not keys:
         return
-    listed = "; ".join(f"{key} ({UNSUPPORTED.get(key, 'not mapped')})" for key in keys)
+    what = {**UNSUPPORTED, **PYNATIVE_UNSUPPORTED}
+    listed = "; ".join(f"{key} ({what.get(key, 'not mapped')})" for key in keys)
     warnings.warn(
         f"msmon: MindFormers monitor_config keys not supported yet, ignored: {listed}. "
         "The rest of the block is used (README, 'Coming from MindFormers').",
         MonitorWarning,
         stacklevel=stacklevel,
     )
+
+
+# Top-level sections of MindFormers' YAMLs: graph mode (tools/register/template.py) and
+# PyNative (pynative/config/config.py ``TrainConfig``). A file with one of them and none of
+# our fields is a MindFormers config, whatever else it holds.
+SECTIONS = frozenset(
+    {
+        "run_mode", "trainer", "runner_config", "runner_wrapper", "parallel_config",
+        "train_dataset", "train_dataset_task", "lr_schedule", "callbacks", "context",
+        "parallel", "recompute_config", "moe_config",
+        "training", "parallelism", "lr_scheduler", "checkpoint", "monitor", "recompute",
+        "recompute_comm", "profiler", "lora_config", "inference",
+    }
+)  # fmt: skip
+NO_BLOCK = (
+    "msmon: this MindFormers config has no monitor_config: (graph mode) or monitor: "
+    "(PyNative) block, so it asks msmon_nb for nothing: the defaults are used (every "
+    "step, {save_dir!r}). Add a monitor_config: block to set them (README, 'Coming from "
+    "MindFormers')."
+)
+# MindFormers 2.1.0's PyNative ``monitor:`` section (pynative/config/config.py):
+# sub-section -> its keys
+PYNATIVE = {
+    "train_state": ("local_norm", "local_loss", "device_norm", "device_loss"),
+    "health_checkpoint": (
+        "embedding_local_norm_threshold",
+        "global_norm_skip_threshold",
+        "global_norm_skip_time",
+    ),
+    "tensorboard": ("output_dir", "log_interval", "queue_size"),
+    "moe_monitor": ("save_tokens_per_expert_interval", "target_layers"),
+}
+PYNATIVE_UNSUPPORTED = {
+    "monitor.train_state.local_norm": "per-parameter gradient norms of each micro-batch",
+    # declared by 2.1.0's PyNative config; nothing in its trainer reads them
+    "monitor.health_checkpoint": (
+        "skip and checkpoint-health thresholds, which MindFormers 2.1.0's PyNative trainer "
+        "does not act on either"
+    ),
+    "monitor.moe_monitor": "tokens per expert",
+}
+
+
+def is_mindformers_config(data: Mapping[str, Any], fields: set[str]) -> bool:
+    """A MindFormers YAML: one of its top-level sections, none of our field names."""
+    return bool(SECTIONS & set(data)) and not fields & set(data)
+
+
+def _pyfail(key: str, value: Any, why: str, example: str) -> ConfigError:
+    return ConfigError(
+        f"monitor.{key}={value!r}: {why} (MindFormers' PyNative monitor section); "
+        f"for example monitor: {{{example}}}"
+    )
+
+
+def _section(monitor: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = monitor.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _pyfail(name, value, "must be a mapping", f"{name}: {{}}")
+    unknown = sorted(set(value) - set(PYNATIVE[name]))
+    if unknown:
+        raise _pyfail(
+            f"{name}.{unknown[0]}", value[unknown[0]], f"{name} has keys {PYNATIVE[name]}",
+            f"{name}: {{{PYNATIVE[name][0]}: ...}}",
+        )  # fmt: skip
+    return value
+
+
+def _norm_targets(key: str, value: Any) -> tuple[bool, list[str]]:
+    """``local_norm``/``device_norm``: a bool, a name fragment or a list of them, as
+    MindFormers reads them (``TrainStateMonitor._parse_norm_config``)."""
+    if isinstance(value, bool):
+        return value, []
+    if isinstance(value, str):
+        return bool(value), [value] if value else []
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        names = [v for v in value if v]
+        return bool(names), names
+    raise _pyfail(f"train_state.{key}", value, "must be true/false, a name or a list of names",
+                  f"train_state: {{{key}: ['layers.0']}}")  # fmt: skip
+
+
+def from_pynative(monitor: Any) -> tuple[dict[str, Any], list[str]]:
+    """MindFormers' PyNative ``monitor:`` section as our fields, and the keys it asks for
+    that we do not do (for ``warn_ignored``).
+
+    ``train_state.device_norm`` (each selected parameter's gradient norm on this device,
+    after accumulation) is ``param_stats``' per-parameter ``grad_norm``, its name
+    fragments matched as MindFormers matches them (found anywhere in the name);
+    ``local_loss``/``device_loss`` track the loss (each rank's ``train/local_loss`` in a
+    distributed job); ``tensorboard.output_dir``/``log_interval`` (where and how often
+    MindFormers writes its records) are ``save_dir``/``log_interval``. ``queue_size`` is
+    its writer's buffer: accepted, no meaning here.
+    """
+    if not isinstance(monitor, Mapping):
+        raise _pyfail("", monitor, "the section must be a mapping", "train_state: {}")
+    unknown = sorted(set(monitor) - set(PYNATIVE))
+    if unknown:
+        raise _pyfail(unknown[0], monitor[unknown[0]], f"the section has {sorted(PYNATIVE)}",
+                      "train_state: {device_loss: true}")  # fmt: skip
+    kwargs: dict[str, Any] = {}
+    ignored: list[str] = []
+    state = _section(monitor, "train_state")
+    metrics = list(CORE_METRICS)
+    for key in ("local_loss", "device_loss"):
+        if key in state and not isinstance(state[key], bool):
+            raise _pyfail(f"train_state.{key}", state[key], "must be true or false",
+                          f"train_state: {{{key}: true}}")  # fmt: skip
+    device, names = _norm_targets("device_norm", state.get("device_norm", False))
+    if device:
+        metrics.append("param_stats")
+        if names:
+            kwargs["param_targets"] = [re.escape(n) for n in names]
+    if metrics != list(CORE_METRICS):
+        kwargs["track_metrics"] = metrics
+    if _norm_targets("local_norm", state.get("local_norm", ""))[0]:
+        ignored.append("monitor.train_state.local_norm")
+    board = _section(monitor, "tensorboard")
+    if board.get("output_dir"):
+        kwargs["save_dir"] = str(board["output_dir"])
+        if board.get("log_interval") is not None:
+            kwargs["log_interval"] = board["log_interval"]  # validated as ours
+    if any(v is not None for v in _section(monitor, "health_checkpoint").values()):
+        ignored.append("monitor.health_checkpoint")
+    if any(v is not None for v in _section(monitor, "moe_monitor").values()):
+        ignored.append("monitor.moe_monitor")
+    return kwargs, ignored

@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,19 @@ from msmon_nb.config.checks import (
     NAME_RE,
     TAG_RULE,
     ConfigError,
+    MonitorWarning,
     check_regex,
     check_tag,
     fail,
 )
-from msmon_nb.config.mindformers import KEYS, apply_mindformers, warn_ignored
+from msmon_nb.config.mindformers import (
+    KEYS,
+    NO_BLOCK,
+    apply_mindformers,
+    from_pynative,
+    is_mindformers_config,
+    warn_ignored,
+)
 from msmon_nb.expr import ExpressionError, compile_expression
 
 # MindFormers monitor_config names -> ours
@@ -97,6 +106,15 @@ class MonitorConfig:
                 f"monitor_config must be a mapping of field names to values, got "
                 f"{type(data).__name__}; for example {{'log_interval': 10}}"
             )
+        names = {f.name for f in dataclasses.fields(cls)}
+        pynative: dict[str, Any] = {}
+        ignored: list[str] = []
+        if "monitor_config" not in data and is_mindformers_config(data, names | set(ALIASES)):
+            if "monitor" in data:  # MindFormers' PyNative trainer's section
+                pynative, ignored = from_pynative(data["monitor"])
+            else:
+                warnings.warn(NO_BLOCK.format(save_dir=cls.save_dir), MonitorWarning, stacklevel=2)
+            data = {}
         if "monitor_config" in data:
             inner = data["monitor_config"]
             if not isinstance(inner, Mapping):
@@ -110,8 +128,7 @@ class MonitorConfig:
                 # MindFormers keeps this switch at the top level of its YAML, beside
                 # monitor_config, whose global_norm_spike_* keys it reads
                 data = {**data, "use_skip_data_by_global_norm": skip}
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(pynative)
         given: dict[str, str] = {}  # field -> alias the user wrote
         mindformers: dict[str, Any] = {}
         for key, value in data.items():
@@ -133,7 +150,7 @@ class MonitorConfig:
             kwargs[name] = value
             if name != key:
                 given[name] = key
-        ignored = apply_mindformers(mindformers, kwargs)
+        ignored += apply_mindformers(mindformers, kwargs)
         try:
             config = cls(**kwargs)
         except ConfigError as exc:

@@ -22,6 +22,10 @@ from msmon_nb.diagnose.pipeline import DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 
+# the tags a train step's loss scaler is recorded under (collect.gradsource)
+OVERFLOW_TAG = "train/overflow"
+LOSS_SCALE_TAG = "train/loss_scale"
+
 
 class Diagnoser:
     """Alert rules over a live run's scalars (see the package docstring for the contract).
@@ -143,6 +147,7 @@ class Diagnoser:
         vstale = self._vstale
         v_squares = 0.0
         v_count = 0
+        handled = handled_overflow(values)
         for tag, value in values.items():
             route = routes.get(tag)
             if route is None:
@@ -155,7 +160,7 @@ class Diagnoser:
                 continue
             value = float(value)
             rules, nonfinite = route
-            if nonfinite is not None:
+            if nonfinite is not None and not handled:
                 f = nonfinite.update(step, value)
                 if f is not None:
                     self._raise(new, step, "nonfinite", tag, f, _flag(nonfinite))
@@ -269,3 +274,16 @@ def diagnose(
     if batch:
         out += diag.update(current, batch)  # type: ignore[arg-type]
     return out
+
+
+def handled_overflow(values: Mapping[str, Any]) -> bool:
+    """A step whose loss-scaled gradients overflowed and whose train step handled it:
+    skipped the update (``train/overflow`` 1) at a loss scale it can still lower (> 1).
+    Its NaN/Inf -- gradients, and a float16 forward's loss that the same check caught --
+    is what dynamic loss scaling is for, and no ``nonfinite`` alert: the README promises
+    an overflow step none. The step neither starts nor ends an episode. At scale 1 the
+    scale has nothing left to give: a NaN/Inf there is the model's own, and alerts."""
+    if values.get(OVERFLOW_TAG) != 1.0:
+        return False
+    scale = values.get(LOSS_SCALE_TAG)
+    return scale is not None and float(scale) > 1.0

@@ -85,6 +85,14 @@ class Monitor(Steering):
         self._callbacks: list[weakref.ref] = []  # the Model.train callbacks made here
         self.levers = Levers()  # what the loop trains: for checkpoint and lr xF
         if not self.enabled:
+            # MindFormers' templates spell monitor_on: False out (their default): a YAML
+            # copied from one turns everything off, which must not pass without a word
+            self.warn_once(
+                "disabled",
+                "monitoring is off (enable_monitor: false, or MindFormers' monitor_on: "
+                "False, its template's default): nothing is recorded and no run is "
+                "written; set enable_monitor: true (monitor_on: True) to monitor",
+            )
             return
         try:
             self._open()

@@ -75,3 +75,26 @@ def test_only_an_inf_loss_made_by_the_scale_is_dropped():
     assert not scaling_artifact({OVERFLOW: 1.0, LOSS_SCALE: 1.0}, float("inf"))
     assert not scaling_artifact({OVERFLOW: 0.0, LOSS_SCALE: 1024.0}, float("inf"))
     assert not scaling_artifact(overflow, 1.5)
+
+
+def test_a_cell_without_a_buffer_skips_and_learns_nothing():
+    """MindFormers' skip by global norm: a step that clips and calls no optimizer, in a
+    cell that holds no accumulation buffer, is a skipped update. It is no micro-batch,
+    and the steps after it are plain updates again (before: accumulating, clipping each
+    micro-batch, for good)."""
+    mf = StepPattern()
+    mf.buffer = False
+    mf.update(1, clip_calls=1, optimizer_calls=1, skipped=0)
+    mf.update(1, clip_calls=1, optimizer_calls=0, skipped=0)  # the skipped step
+    mf.update(9, clip_calls=9, optimizer_calls=7, skipped=0)  # two more among these
+    assert not mf.accumulating and not mf.per_micro_clip
+    got = resolve(GradSeen(clip_input=7.0, skipped=True, loss_scale=1024.0))
+    assert got.grad_norm is None and got.note is None and got.source == "skipped"
+    assert got.values == {LOSS_SCALE: 1024.0}  # no micro_grad_norm, no clipped norm
+    update = resolve(GradSeen(clip_input=1.4, received=1.0, optimizer_ran=True))
+    assert update.grad_norm == 1.4
+    mindcv = StepPattern()  # a cell that holds one accumulates from its first step
+    mindcv.buffer = True
+    assert mindcv.accumulating
+    mindcv.update(1, clip_calls=1, optimizer_calls=0, skipped=0)
+    assert mindcv.per_micro_clip

@@ -414,3 +414,142 @@ def test_check_for_global_norm_alerts_at_the_threshold(tmp_path):
                 mon.step(loss=1.0, grad_norm=norm, batch_size=4)
     alerts = mm.load_run(mon.run_dir).alerts
     assert [(a.kind, a.step) for a in alerts] == [("grad_explosion", 4)]
+
+
+# MindFormers 2.1.0's place for the spike threshold (its TrainingStateMonitor reads it
+# from health_checkpoint, and it switches the check on), as its configs spell it
+HEALTH_YAML = """\
+run_mode: 'train'
+trainer:
+  type: CausalLanguageModelingTrainer
+  model_name: 'llama2_7b'
+monitor_config:
+  monitor_on: True
+  dump_path: '{dump}'
+  step_interval: 1
+  health_checkpoint:
+    global_norm_spike_threshold: 3.0
+"""
+
+
+def test_health_checkpoint_threshold_is_the_ceiling(tmp_path):
+    """2.1.0's ``monitor_config.health_checkpoint.global_norm_spike_threshold`` alerts at
+    the first step with grad_norm >= it, as MindFormers' check does; no warning."""
+    path = tmp_path / "pretrain.yaml"
+    path.write_text(HEALTH_YAML.format(dump=tmp_path / "runs"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = MonitorConfig.from_yaml(path)
+    assert [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)] == []
+    assert config.alerts == {"grad_explosion": {"ceiling": 3.0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)  # the alert's own notice
+        with mm.Monitor(config) as mon:
+            for norm in [1.0, 1.1, 0.9, 2.99, 3.0, 1.0]:
+                mon.step(loss=1.0, grad_norm=norm, batch_size=4)
+    alerts = mm.load_run(mon.run_dir).alerts
+    assert [(a.kind, a.step) for a in alerts] == [("grad_explosion", 4)]
+
+
+def test_health_checkpoint_wins_over_the_deprecated_pair_and_embedding_norm_warns():
+    config, caught = load(
+        {
+            "monitor_config": {
+                "check_for_global_norm": True,
+                "global_norm_spike_threshold": 9.0,  # deprecated in 2.1.0: the new one wins
+                "health_checkpoint": {
+                    "global_norm_spike_threshold": 2.5,
+                    "embedding_local_norm_threshold": 1.0,
+                },
+            }
+        }
+    )
+    assert config.alerts == {"grad_explosion": {"ceiling": 2.5}}
+    assert len(caught) == 1 and named(str(caught[0].message), "health_checkpoint") == 1
+    with pytest.raises(ConfigError, match="use_skip_data_by_global_norm"):
+        MonitorConfig.from_dict(  # MindFormers refuses the pair too
+            {
+                "use_skip_data_by_global_norm": True,
+                "monitor_config": {"health_checkpoint": {"global_norm_spike_threshold": 2.5}},
+            }
+        )
+
+
+# MindFormers 2.1.0's PyNative trainer config (pynative/config/config.py TrainConfig): no
+# monitor_config, a monitor: section instead
+PYNATIVE_YAML = """\
+checkpoint:
+  enable_save: False
+training:
+  steps: 10
+  local_batch_size: 1
+  max_norm: 1.0
+optimizer:
+  type: AdamW
+parallelism:
+  tensor_parallel: 1
+"""
+
+
+def test_pynative_section_maps_what_it_means(tmp_path):
+    text = PYNATIVE_YAML + (
+        "monitor:\n"
+        "  train_state:\n"
+        "    local_norm: ['layers.0']\n"
+        "    local_loss: True\n"
+        "    device_norm: ['layers.0.attention', 'lm_head']\n"
+        "    device_loss: True\n"
+        "  tensorboard:\n"
+        f"    output_dir: '{tmp_path / 'tb'}'\n"
+        "    log_interval: 5\n"
+        "    queue_size: 1000\n"
+        "  health_checkpoint:\n"
+        "    global_norm_skip_threshold: 100.0\n"
+    )
+    path = tmp_path / "pretrain_pynative.yaml"
+    path.write_text(text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = MonitorConfig.from_yaml(path)
+    ours = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    assert len(ours) == 1, ours
+    assert "monitor.train_state.local_norm (" in ours[0]
+    assert "monitor.health_checkpoint (" in ours[0]
+    assert config.enable_monitor is True
+    assert "param_stats" in config.track_metrics and "loss" in config.track_metrics
+    # device_norm's fragments are found anywhere in a name, as MindFormers finds them
+    assert any(re.search(t, "model.layers.0.attention.wq.weight") for t in config.param_targets)
+    assert not any(re.search(t, "model.layers.1.attention.wq.weight") for t in config.param_targets)
+    assert config.save_dir == str(tmp_path / "tb") and config.log_interval == 5
+
+
+def test_mindformers_yaml_without_a_monitor_block_says_so(tmp_path):
+    """Before: ``monitor_config has no field 'checkpoint'``, about a key of the user's
+    training config."""
+    path = tmp_path / "pretrain_pynative.yaml"
+    path.write_text(PYNATIVE_YAML)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = MonitorConfig.from_yaml(path)
+    ours = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    assert len(ours) == 1 and "no monitor_config: (graph mode) or monitor: (PyNative)" in ours[0]
+    assert config == MonitorConfig()
+    config, caught = load({"monitor": {"train_state": {"device_loss": True}}, "training": {}})
+    assert caught == [] and config == MonitorConfig()
+    with pytest.raises(ConfigError, match=r"monitor\.train_state\.device_nrom"):
+        load({"training": {}, "monitor": {"train_state": {"device_nrom": True}}})
+    with pytest.raises(ConfigError, match="has no field 'checkpiont'"):
+        load({"checkpiont": 1, "log_interval": 2})  # ours, with a typo: still an error
+
+
+def test_monitor_on_false_says_once_that_monitoring_is_off(tmp_path):
+    config, caught = load({"monitor_config": {**TEMPLATE, "dump_path": str(tmp_path)}})
+    assert caught == []  # loading asks for nothing yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mm.Monitor(config) as mon:
+            for _ in range(3):
+                mon.step(loss=1.0)
+    ours = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    assert len(ours) == 1 and "monitoring is off" in ours[0] and "monitor_on" in ours[0]
+    assert mon.run_dir is None

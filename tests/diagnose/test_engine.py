@@ -255,3 +255,21 @@ def test_in_memory_loop_is_not_data_bound():
     for step in range(200):
         alerts += diag.update(step, {"train/data_time": 0.0004, "train/compute_time": 0.01})
     assert [a for a in alerts if a.kind == "data_bound"] == []
+
+
+def test_a_handled_overflow_is_no_nonfinite_alert():
+    """A step whose loss scaler caught the overflow (update skipped, train/overflow 1) at
+    a scale it can still lower: its NaN loss is what dynamic loss scaling handles. At
+    scale 1, or without an overflow flag, a NaN is the model's own."""
+    diag = Diagnoser()
+    found = []
+    for step in range(6):
+        values = {"train/loss": 2.0, "train/loss_scale": 2.0**16, "train/overflow": 0.0}
+        if step == 3:
+            values.update({"train/loss": NAN, "train/overflow": 1.0})
+        found += diag.update(step, values)
+    assert found == []
+    at_one = diag.update(6, {"train/loss": NAN, "train/loss_scale": 1.0, "train/overflow": 1.0})
+    assert [(a.kind, a.tag, a.step) for a in at_one] == [("nonfinite", "train/loss", 6)]
+    plain = Diagnoser().update(0, {"train/loss": NAN, "train/loss_scale": 1024.0})
+    assert [a.kind for a in plain] == ["nonfinite"]

@@ -142,6 +142,7 @@ OTHER_VOCABULARIES = {
     "msmon_nb/monitor/actions.py": {"stop", "snapshot", "checkpoint"},  # carried out
     "msmon_nb/config/model.py": {"snapshot"},  # the monitor_config key
     "msmon_nb/expr.py": {"lr"},  # break_on's name for the learning rate
+    "msmon_nb/config/mindformers.py": {"checkpoint"},  # a section of MindFormers' YAML
 }
 TABLE = "msmon_nb/rundir/control.py"
 

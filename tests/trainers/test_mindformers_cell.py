@@ -152,3 +152,31 @@ def test_mindformers_cell(tmp_path, dynamic):
     np.testing.assert_allclose(clipped.values, 0.3, rtol=1e-3)
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), plain.trainable_params())
+
+
+def test_nan_forward_loss_on_a_handled_overflow_is_no_alert(tmp_path):
+    """A float16 forward that overflows (one batch of huge inputs): the loss is NaN, the
+    cell's check catches it, skips the update and halves the scale. That step's loss is
+    recorded as it is (NaN), with train/overflow 1 and no ``nonfinite`` alert; the
+    steps after it train and record as usual. (Before: a critical ``nonfinite``.)"""
+    data = batches()
+    x, y = data[3]
+    data[3] = (x * 1e6, y)  # float16 head: inf logits, NaN loss
+    net, _, _, cell = build(dynamic=True)
+    plain_flags = []
+    for x, y in data:
+        plain_flags.append(bool(cell(x, y)[1].asnumpy()))
+    assert plain_flags[3]
+    plain = net
+    net, _, _, cell = build(dynamic=True)
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+        for x, y in data:
+            cell(x, y)
+    run = load_run(mon.run_dir)
+    losses = run.scalars("train/loss")
+    assert losses.steps.tolist() == list(range(STEPS))
+    assert np.isnan(losses.values[3]) and np.isfinite(np.delete(losses.values, 3)).all()
+    assert run.scalars("train/overflow").values.astype(bool).tolist() == plain_flags
+    assert 3 not in run.scalars("train/grad_norm").steps.tolist()
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain.trainable_params())
