@@ -26,7 +26,10 @@ one place that every way in uses:
   keeps its graph; a graph it compiles under the taps that does hold a wrapper of ours
   (its Parameters are named ``msmon_*``) is dropped when they go off.
 * When the taps go off, every phase it saw that holds a wrapper of ours, and every phase
-  of its own, is removed from the cache and its graph freed; the cell graphs it dropped
+  of its own, is removed from the cache (its graph is not freed: MindSpore's
+  ``del_net_res`` on such a phase left a null actor behind, and the next graph step of
+  the process crashed -- "The pointer[actor] is null", then a segmentation fault, seen on
+  2.10 with the device grad_norm path); the cell graphs it dropped
   for the taps (a train cell run in GRAPH_MODE keeps its graphs in its own
   ``compile_cache``) are dropped again, so nothing of ours stays in a user's graph.
 
@@ -133,7 +136,6 @@ class Recompiler:
                 continue
             if phase.endswith(SUFFIX) or ours(graph_params(executor, phase)):
                 cache.discard(phase)
-                _free(executor, phase)
         self._phases.clear()
         self._decided.clear()
         drop_compiled(self._cells)
@@ -341,15 +343,3 @@ def _filled(cell: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _free(executor: Any, phase: str) -> None:
-    """Release the graph compiled under ``phase`` (MindSpore's own ``del_net_res``, as it
-    does for a deleted cell); kept where it cannot."""
-    delete = getattr(executor, "del_net_res", None)
-    if delete is None:
-        return
-    try:
-        delete(None, {phase})
-    except Exception:  # the phase is out of the cache: it is never run again
-        log.debug("msmon: could not free the graph of %s", phase, exc_info=True)
