@@ -1,70 +1,22 @@
-"""Two optimizers on the viewer's page, in real headless Chromium: a tiny GAN (the
-MindSpore tutorial's functional shape: two ``value_and_grad``, two Adams) records each
+"""Two optimizers on the viewer's page, in real headless Chromium: a tiny GAN
+(``tests.support.tinygan``: the MindSpore tutorial's functional shape) records each
 optimizer's own series; the page draws one grad_norm chart with a line per optimizer,
 labelled by its name, says in the title why there is no whole-step line, and draws D's
 gradient explosion on that chart and no other.
 
-The series are recorded here with ``mon.step``'s extra scalars (the collectors write the
-same tags); the values are float64 norms of the gradients each Adam received.
+The series are recorded with ``mon.step``'s extra scalars (the collectors write the same
+tags); the values are float64 norms of the gradients each Adam received.
 """
 
 from __future__ import annotations
 
-import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
 
-from tests.support.tiny import numpy_global_norm
+from tests.support.tinygan import GRAD_D, GRAD_G, train_gan
 from tests.viewer.test_browser import CHART, DRAWN, browser, open_page, wait_for  # noqa: F401
 
 STEPS = 50
 BURST = 35  # from here on D's gradients reach its Adam scaled by 1e4 (a scale not undone)
-GRAD_D, GRAD_G = "opt/netd/grad_norm", "opt/netg/grad_norm"
-
-
-def train_gan(mon) -> dict[str, list[float]]:
-    """Train a tiny G and D for STEPS iterations; what each optimizer got, per step."""
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_seed(0)
-    net_g = nn.SequentialCell([nn.Dense(4, 16), nn.ReLU(), nn.Dense(16, 8)])
-    net_d = nn.SequentialCell([nn.Dense(8, 16), nn.LeakyReLU(0.2), nn.Dense(16, 1)])
-    bce = nn.BCEWithLogitsLoss()
-    opt_d = nn.Adam(net_d.trainable_params(), learning_rate=2e-3, beta1=0.5)
-    opt_g = nn.Adam(net_g.trainable_params(), learning_rate=1e-3, beta1=0.5)
-    ones, zeros = ops.ones((16, 1), ms.float32), ops.zeros((16, 1), ms.float32)
-
-    def d_loss(real, z):
-        fake = ops.stop_gradient(net_g(z))
-        return bce(net_d(real), ones) + bce(net_d(fake), zeros)
-
-    def g_loss(z):
-        return bce(net_d(net_g(z)), ones)
-
-    grad_d = ms.value_and_grad(d_loss, None, opt_d.parameters)
-    grad_g = ms.value_and_grad(g_loss, None, opt_g.parameters)
-    rng = np.random.default_rng(0)
-    seen: dict[str, list[float]] = {GRAD_D: [], GRAD_G: []}
-    for step in range(STEPS):
-        real = ms.Tensor(rng.normal(2.0, 0.5, (16, 8)).astype(np.float32))
-        z = ms.Tensor(rng.normal(size=(16, 4)).astype(np.float32))
-        loss_d, grads_d = grad_d(real, z)
-        if step >= BURST:
-            grads_d = tuple(g * 1e4 for g in grads_d)
-        opt_d(grads_d)
-        loss_g, grads_g = grad_g(z)
-        opt_g(grads_g)
-        values = {
-            "opt/netd/loss": float(loss_d.asnumpy()),
-            "opt/netg/loss": float(loss_g.asnumpy()),
-            GRAD_D: numpy_global_norm(grads_d),
-            GRAD_G: numpy_global_norm(grads_g),
-            "opt/netd/learning_rate": 2e-3,
-            "opt/netg/learning_rate": 1e-3,
-        }
-        seen[GRAD_D].append(values[GRAD_D])
-        seen[GRAD_G].append(values[GRAD_G])
-        mon.step(batch_size=16, **values)
-    return seen
 
 
 def test_one_grad_norm_chart_a_line_per_optimizer_and_ds_alert_on_it(
@@ -75,7 +27,7 @@ def test_one_grad_norm_chart_a_line_per_optimizer_and_ds_alert_on_it(
     from msmon_nb.monitor import Monitor
 
     with Monitor(save_dir=str(tmp_path), run_name="gan") as mon:
-        seen = train_gan(mon)
+        seen = train_gan(mon, STEPS, BURST)
     [boom] = [a for a in mon.alerts if a.kind == "grad_explosion"]
     assert (boom.tag, boom.since_step) == (GRAD_D, BURST)
 
