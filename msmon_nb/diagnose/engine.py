@@ -24,7 +24,8 @@ from msmon_nb.diagnose.rules import SERIES_RULES, make_rule
 from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 
 # the whole-step tags each optimizer has its own series of when two or more step in one
-# iteration (opt/<name>/loss...): a rule configured on one of them judges each optimizer's
+# iteration (opt/<name>/loss...): a rule configured on one of them also judges each
+# optimizer's own series, on its own
 PER_OPTIMIZER = frozenset({LOSS, GRAD, LR})
 
 
