@@ -95,8 +95,8 @@ class Diagnoser:
         settings, disabled, routes = self.settings, self._disabled, self._routes
         added: list[tuple[str, Callable]] = []
         # one judge of "has this run converged?" for the rules whose message names a bug
-        # (a converged run's small, noisy gradients are success): fed the loss and
-        # grad_norm the loss and gradient rules read
+        # (a converged run's small, noisy gradients are success), never for one that
+        # warns of a rise: fed the loss and grad_norm the loss and gradient rules read
         convergence = None
         loss_tag = rename(settings["loss_divergence"]["tag"])
         grad_tag = rename(settings["grad_vanishing"]["tag"])
