@@ -32,6 +32,17 @@ class ConfigError(ValueError):
     """A monitor_config value is invalid; the message names field, value and a fix."""
 
 
+def optimizer_series(tag: str) -> tuple[str, str] | None:
+    """``opt/netd/grad_norm`` -> ``("netd", "grad_norm")``: the optimizer a series
+    belongs to (two or more stepping in one iteration, docs/ARCHITECTURE.md Tags) and
+    what it measures; None for any other tag. ``metrics.charts.optimizer_of`` is the same rule
+    for the rooms that may not import ``config`` (a test keeps the two equal)."""
+    if not tag.startswith("opt/"):
+        return None
+    name, sep, metric = tag[4:].partition("/")
+    return (name, metric) if name and sep and metric else None
+
+
 def suggest_tag(tag: str) -> str:
     """A valid spelling close to ``tag``."""
     ascii_only = tag.encode("ascii", "ignore").decode().lower()

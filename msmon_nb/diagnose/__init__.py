@@ -88,6 +88,13 @@ Contract for callers:
   ``msmon_nb.config.ConfigError`` on a bad value, naming key, value and a valid
   example. Numbers may be given as strings ('1e-4'), because PyYAML reads ``1e-4``
   (no dot in the mantissa) as one.
+* Two or more optimizers stepping in one iteration record ``opt/<name>/<metric>``
+  instead of ``train/loss``/``grad_norm``/``learning_rate``: every rule configured on
+  one of those three (and ``nonfinite``'s) is made again for each optimizer when its
+  first ``opt/`` series arrives, renamed with its companions and with a convergence
+  judge of its own, so one optimizer's series is never compared with another's; the
+  alert's tag is the optimizer's series and its message names it ("netd grad_norm
+  exploding since step 128 ..."). ``rule(kind, tag)`` is that optimizer's rule.
 * ``diagnose(series)`` replays whole series (``mon.series``, ``{tag: run.scalars(tag)}``,
   ``(steps, values)`` tuples) through a fresh engine: the alerts of a run on disk,
   MindSpore-written ones included (remap tags with each rule's ``tag``/``tags``).

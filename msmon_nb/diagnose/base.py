@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from msmon_nb.config.cards import Card, card
+from msmon_nb.config.checks import optimizer_series
 from msmon_nb.diagnose.window import Levels
 
 LOG2 = math.log10(2.0)  # values within 2x of the running median are never "out of band"
@@ -197,5 +198,10 @@ class SeriesRule(Protocol):
 
 
 def short(tag: str) -> str:
-    """'train/grad_norm' -> 'grad_norm': messages name the quantity, not the group."""
+    """'train/grad_norm' -> 'grad_norm': messages name the quantity, not the group; an
+    optimizer's own series by the optimizer too ('opt/netd/grad_norm' -> 'netd
+    grad_norm'), so an alert says whose gradients exploded."""
+    found = optimizer_series(tag)
+    if found is not None:
+        return f"{found[0]} {found[1]}"
     return tag.rsplit("/", 1)[-1]

@@ -14,7 +14,8 @@ from typing import Any
 
 from msmon_nb.config import COMPUTE_TAG, DATA_TAG
 from msmon_nb.config.alerts import resolve_settings
-from msmon_nb.config.cards import CARDS, SEVERITY
+from msmon_nb.config.cards import CARDS, GRAD, LOSS, LR, SEVERITY
+from msmon_nb.config.checks import optimizer_series
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
@@ -25,6 +26,10 @@ from msmon_nb.diagnose.steps import MetricMissing, NonFinite, StepOrder
 # the tags a train step's loss scaler is recorded under (collect.gradsource)
 OVERFLOW_TAG = "train/overflow"
 LOSS_SCALE_TAG = "train/loss_scale"
+# the whole-step tags each optimizer has its own series of when two or more step in one
+# iteration (opt/<name>/loss...): a rule configured on one of them also judges each
+# optimizer's own series, on its own
+PER_OPTIMIZER = frozenset({LOSS, GRAD, LR})
 
 
 class Diagnoser:
@@ -49,41 +54,20 @@ class Diagnoser:
     ) -> None:
         self.settings: dict[str, Any] = resolve_settings(settings)
         self.rank = rank
-        disabled = set(self.settings["disabled"])
+        self._disabled = disabled = set(self.settings["disabled"])
         # tag -> ([(kind, rule)...], NonFinite | None): one lookup per tag per step
-        routes: dict[str, tuple[list[tuple[str, Any]], NonFinite | None]] = {}
+        self._routes: dict[str, tuple[list[tuple[str, Any]], NonFinite | None]] = {}
         # tag -> observe(tag, value) of rules that read other series of the same step
         # (rising_trend: grad_norm and lr next to the loss); fed before any rule runs
-        observers: dict[str, list[Callable[[str, float], None]]] = {}
-        shared: dict = {}
-        # one judge of "has this run converged?" for the rules whose message names a bug
-        # (a converged run's small, noisy gradients are success), never for one that
-        # warns of a rise: fed the loss and grad_norm the loss and gradient rules read
-        convergence = Convergence(
-            loss_tag=self.settings["loss_divergence"]["tag"],
-            grad_tag=self.settings["grad_vanishing"]["tag"],
-        )
-        for tag in convergence.companions:
-            observers.setdefault(tag, []).append(convergence.observe)
-        for kind in SERIES_RULES:
-            params = self.settings[kind]
-            needs = CARDS[kind].runs_when
-            if kind in disabled or (needs is not None and params[needs] is None):
-                continue
-            rules, _ = routes.setdefault(params["tag"], ([], None))
-            rule = make_rule(kind, params, shared)
-            if hasattr(rule, "convergence"):
-                rule.convergence = convergence
-            rules.append((kind, rule))
-            for tag in getattr(rule, "companions", ()):
-                observers.setdefault(tag, []).append(rule.observe)
-        self._observers = observers
-        if NonFinite.kind not in disabled:
-            nonfinite = self.settings[NonFinite.kind]
-            for tag in nonfinite["tags"]:
-                rules, _ = routes.get(tag, ([], None))
-                routes[tag] = (rules, NonFinite(nonfinite, tag))
-        self._routes = routes
+        self._observers: dict[str, list[Callable[[str, float], None]]] = {}
+        self._shared: dict = {}
+        convergence, _ = self._wire(lambda tag: tag)
+        # the optimizers whose own series (opt/<name>/<metric>) have rules, and the opt/
+        # tags already looked at: an optimizer's rules are made when its first series
+        # appears (two or more optimizers stepping in one iteration: docs/ARCHITECTURE.md,
+        # Tags)
+        self._optimizers: set[str] = set()
+        self._opt_seen: set[str] = set()
         self._order = self._make(StepOrder, disabled)
         tags = [t for t in (tracked or ()) if "/" in t]
         self._missing = (
@@ -103,6 +87,73 @@ class Diagnoser:
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
+    def _wire(
+        self, rename: Callable[[str], str | None]
+    ) -> tuple[Convergence | None, list[tuple[str, Callable]]]:
+        """Make the series rules and ``nonfinite`` for the tags ``rename`` gives the
+        configured ones (None: not this set's), with their own convergence judge; route
+        them. The identity makes the run's rules; an optimizer's renaming makes its own
+        (``opt/netd/grad_norm`` judged as ``train/grad_norm`` is, never against another
+        optimizer's values). Returns the judge and the (tag, observe) pairs it added."""
+        settings, disabled, routes = self.settings, self._disabled, self._routes
+        added: list[tuple[str, Callable]] = []
+        # one judge of "has this run converged?" for the rules whose message names a bug
+        # (a converged run's small, noisy gradients are success), never for one that
+        # warns of a rise: fed the loss and grad_norm the loss and gradient rules read
+        convergence = None
+        loss_tag = rename(settings["loss_divergence"]["tag"])
+        grad_tag = rename(settings["grad_vanishing"]["tag"])
+        if loss_tag is not None and grad_tag is not None:
+            convergence = Convergence(loss_tag=loss_tag, grad_tag=grad_tag)
+            added += [(tag, convergence.observe) for tag in convergence.companions]
+        for kind in SERIES_RULES:
+            params = settings[kind]
+            needs = CARDS[kind].runs_when
+            tag = rename(params["tag"])
+            if tag is None or kind in disabled or (needs is not None and params[needs] is None):
+                continue
+            if tag != params["tag"]:
+                params = {**params, "tag": tag}
+                for name in CARDS[kind].companions:
+                    params[name] = rename(params[name]) or params[name]
+            rules, _ = routes.setdefault(tag, ([], None))
+            rule = make_rule(kind, params, self._shared)
+            if hasattr(rule, "convergence"):
+                rule.convergence = convergence
+            rules.append((kind, rule))
+            added += [(t, rule.observe) for t in getattr(rule, "companions", ())]
+        if NonFinite.kind not in disabled:
+            nonfinite = settings[NonFinite.kind]
+            for tag in filter(None, map(rename, nonfinite["tags"])):
+                rules, _ = routes.get(tag, ([], None))
+                routes[tag] = (rules, NonFinite(nonfinite, tag))
+        for tag, observe in added:
+            self._observers.setdefault(tag, []).append(observe)
+        return convergence, added
+
+    def _optimizer(self, tag: str, values: Mapping[str, float]) -> Any:
+        """The route of an ``opt/`` tag seen for the first time: when it is the first
+        series of its optimizer, that optimizer's rules are made (renaming each configured
+        ``train/<metric>`` to ``opt/<name>/<metric>``) and their observers are given this
+        step's values, as the run's rules' were before any rule ran."""
+        self._opt_seen.add(tag)
+        found = optimizer_series(tag)
+        if found is None or found[0] in self._optimizers:
+            return self._routes.get(tag)
+        name = found[0]
+        self._optimizers.add(name)
+
+        def rename(configured: str) -> str | None:
+            return f"opt/{name}/{configured[6:]}" if configured in PER_OPTIMIZER else None
+
+        for companion, observe in self._wire(rename)[1]:
+            value = values.get(companion)
+            if value is not None:
+                value = float(value)
+                if value - value == 0.0:
+                    observe(companion, value)
+        return self._routes.get(tag)
+
     def _make(self, cls: type, disabled: set[str]) -> Any:
         """A rule fed by hand below (not one tag's series), or None when disabled."""
         return None if cls.kind in disabled else cls(self.settings[cls.kind])
@@ -111,10 +162,11 @@ class Diagnoser:
         """What the monitor should do for an alert of ``kind``: warn|snapshot|stop|debug."""
         return self.settings[kind]["action"]
 
-    def rule(self, kind: str) -> Any:
+    def rule(self, kind: str, tag: str | None = None) -> Any:
         """The running rule object of ``kind`` (its ``limit()`` and state), or None when
-        it is disabled."""
-        tag = self.settings[kind].get("tag")
+        it is disabled; ``tag``: the one judging that series (an optimizer's own,
+        ``opt/netd/grad_norm``, once it appeared) instead of the configured one."""
+        tag = tag or self.settings[kind].get("tag")
         for name, rule in self._routes.get(tag, ([], None))[0]:
             if name == kind:
                 return rule
@@ -150,6 +202,8 @@ class Diagnoser:
         handled = handled_overflow(values)
         for tag, value in values.items():
             route = routes.get(tag)
+            if route is None and tag.startswith("opt/") and tag not in self._opt_seen:
+                route = self._optimizer(tag, values)
             if route is None:
                 # Adam's v, one tag per parameter: summed here for adam_v_stale
                 if vstale is not None and is_moment2_tag(tag):

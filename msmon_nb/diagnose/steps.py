@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from msmon_nb.config.checks import optimizer_series
 from msmon_nb.diagnose.alert import fmt
 from msmon_nb.diagnose.base import QUIET, CardRule, Finding, Streak, short
 
@@ -36,6 +37,9 @@ class NonFinite(CardRule, kind="nonfinite"):
         """One rule per tag of the card's ``tags``: ``tag`` is the one it watches."""
         super().__init__(settings)
         self.name = short(tag)
+        self._hint = _NAN_HINTS.get(
+            tag.rsplit("/", 1)[-1], "find the first operation that produces it"
+        )
         self._streak = Streak(self.patience)
         self._last: float | None = None
         self._last_step = 0
@@ -61,10 +65,9 @@ class NonFinite(CardRule, kind="nonfinite"):
             if self._last is not None
             else "no finite value before it"
         )
-        hint = _NAN_HINTS.get(self.name, "find the first operation that produces it")
         message = (
             f"{self.name} is {word} since step {streak.since} (first non-finite value; {before}); "
-            f"{hint}"
+            f"{self._hint}"
         )
         return Finding(streak.since, value, message)
 
@@ -130,7 +133,15 @@ _STANDS_IN = {"train/grad_norm": ("train/micro_grad_norm", "train/overflow")}
 
 
 def _seen(tag: str, values: Mapping[str, float]) -> bool:
-    return tag in values or any(alt in values for alt in _STANDS_IN.get(tag, ()))
+    alts = (tag, *_STANDS_IN.get(tag, ()))
+    if any(alt in values for alt in alts):
+        return True
+    if not tag.startswith("train/"):
+        return False
+    # two or more optimizers stepping in one iteration record no whole-step train/<m>:
+    # each one's opt/<name>/<m> stands for it
+    metrics = {alt[6:] for alt in alts}
+    return any((found := optimizer_series(t)) is not None and found[1] in metrics for t in values)
 
 
 class MetricMissing(CardRule, kind="metric_missing"):

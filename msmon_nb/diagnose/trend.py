@@ -501,7 +501,8 @@ class RisingTrend(CardRule, EpisodeRule, kind="rising_trend"):
         what = f"{self.name}"
         if companions:
             g_rate = math.exp(self._grad.fit()[0])
-            what += f" (x{rate:.3g} a step) and grad_norm (x{g_rate:.3g} a step)"
+            grad = short(self.companions[0])
+            what += f" (x{rate:.3g} a step) and {grad} (x{g_rate:.3g} a step)"
         else:
             what += f" (x{rate:.3g} a step)"
         message = (
@@ -528,7 +529,8 @@ class RisingTrend(CardRule, EpisodeRule, kind="rising_trend"):
             u_rise = math.exp(hinge_slope(upd, first - 1) * count)
             update = f"; the update size lr x grad_norm {fmt_ratio(u_rise)} over them"
         message = (
-            f"grad_norm rising steadily since step {since}: {fmt(math.exp(grads[-1]))}, "
+            f"{short(self.companions[0])} rising steadily since step {since}: "
+            f"{fmt(math.exp(grads[-1]))}, "
             f"{fmt_ratio(math.exp(rise))} in {count} collected steps "
             f"(x{math.exp(rise / count):.3g} a step){update}, while {self.name} "
             f"({fmt(value)}) has not improved; the gradient or update scale is growing "

@@ -1,11 +1,19 @@
 """Which charts a run's series make, in which order: the one chart plan of every page.
 
 The core charts (loss, grad_norm, learning_rate, throughput, step time), then the rest
-grouped by prefix: the other ``train/`` tags, ``val/``, ``param/`` (one chart per kind),
-``sys/``, then user prefixes, alphabetical inside a group. Counters (``train/global_step``)
-and snapshot stats are not charted. Pure (no matplotlib, no numpy): the notebook panel,
-its matplotlib pictures and ``msmon view`` (``/api/charts``) all plan with it, so the
-same run shows the same charts with the same titles in the same order everywhere.
+grouped by prefix: the other ``train/`` tags, ``opt/``, ``val/``, ``param/`` (one chart
+per kind), ``sys/``, then user prefixes, alphabetical inside a group. Counters
+(``train/global_step``) and snapshot stats are not charted.
+
+Two or more optimizers stepping in one iteration (a GAN's D and G) write their own series,
+``opt/<name>/<metric>``, and no whole-step ``train/loss``/``grad_norm``/``learning_rate``
+(docs/ARCHITECTURE.md, Tags): each joins the chart its ``train/<metric>`` would be drawn
+in, one line per optimizer labelled by its name (``Chart.labels``), and the chart's title
+says so (``Chart.note`` says why the whole-step line is absent).
+
+Pure (no matplotlib, no numpy): the notebook panel, its matplotlib pictures and
+``msmon view`` (``/api/charts``) all plan with it, so the same run shows the same charts
+with the same titles in the same order everywhere.
 
 ``CHART_ASSETS`` is where the chart component both pages draw with lives (uPlot and
 ``chart.js``, package data beside this package).
@@ -13,6 +21,7 @@ same run shows the same charts with the same titles in the same order everywhere
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,37 +37,63 @@ CORE_CHARTS = (
     # the whole step, and its two parts where the monitor can tell them apart
     ("step time (s)", ("train/step_time", "train/data_time", "train/compute_time")),
 )
+_CORE = frozenset(t for _, ts in CORE_CHARTS for t in ts)
 PLACEHOLDERS = 4  # core charts a live panel shows before their data arrives
 LOG_BY_DEFAULT = frozenset({"train/grad_norm", "train/loss_scale"})
 MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "val", "param", "sys")
+_GROUP_ORDER = ("train", "opt", "val", "param", "sys")
+OPT_PREFIX = "opt/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
 _OWN_CHART = {
     "train/linearity": "throughput linearity (throughput / baseline)",
     "train/loss_scale": "loss scale",
     "train/overflow": "loss-scale overflow (1: update skipped)",
+    # only per optimizer (opt/<name>/updates): how many updates it applied in the step
+    "train/updates": "updates per step",
 }
 
 
 @dataclass
 class Chart:
-    """One axes: a title, the tags (or series keys) drawn in it, its prefix group."""
+    """One axes: a title, the tags (or series keys) drawn in it, its prefix group.
+
+    ``labels``: each key's legend text, parallel to ``tags`` (the key itself but for an
+    optimizer's series, which is named by its optimizer); ``note``: why the chart looks
+    as it does, shown on hover over its title (empty: nothing to say).
+    """
 
     title: str
     tags: tuple[str, ...]
     group: str = "train"
+    labels: tuple[str, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            self.labels = self.tags
 
     @property
     def log(self) -> bool:
         """Drawn on a log y axis unless the user picks linear (grad_norm, loss scale)."""
-        return any(base_tag(k) in LOG_BY_DEFAULT for k in self.tags)
+        return any(_home(base_tag(k)) in LOG_BY_DEFAULT for k in self.tags)
+
+    def label(self, key: str) -> str:
+        """The legend text of one of its keys."""
+        return self.labels[self.tags.index(key)]
 
     def as_json(self) -> dict[str, Any]:
-        return {"title": self.title, "tags": list(self.tags), "log": self.log, "group": self.group}
+        return {
+            "title": self.title,
+            "tags": list(self.tags),
+            "labels": list(self.labels),
+            "note": self.note,
+            "log": self.log,
+            "group": self.group,
+        }
 
 
 def base_tag(key: str) -> str:
@@ -66,10 +101,76 @@ def base_tag(key: str) -> str:
     return key.split("@", 1)[0]
 
 
+def optimizer_of(tag: str) -> tuple[str, str] | None:
+    """``opt/netd/grad_norm`` -> ``("netd", "grad_norm")``: the optimizer a series belongs
+    to and what it measures; None for any other tag. (``config.checks.optimizer_series``
+    is the same rule for the rooms that may not import this one; a test keeps them equal.)"""
+    if not tag.startswith(OPT_PREFIX):
+        return None
+    name, sep, metric = tag[len(OPT_PREFIX) :].partition("/")
+    return (name, metric) if name and sep and metric else None
+
+
+def _home(tag: str) -> str:
+    """The tag whose chart a series is drawn in: for an optimizer's ``opt/<name>/<metric>``
+    the whole-step ``train/<metric>`` where that has a chart of its own (core or not),
+    ``param/<p>/<kind>`` for its per-parameter series; the tag itself otherwise (an
+    optimizer's other series: the ``opt/`` group)."""
+    found = optimizer_of(tag)
+    if found is None:
+        return tag
+    metric = found[1]
+    if metric.startswith("param/"):
+        return metric
+    whole = "train/" + metric
+    return whole if whole in _CORE or whole in _OWN_CHART else tag
+
+
+def replaced_by_optimizers(tags: Iterable[str]) -> frozenset[str]:
+    """The whole-step tags that per-optimizer series stand for among ``tags`` (present
+    or not): a live panel plans no placeholder for them, they will not come."""
+    homes = {_home(base_tag(t)) for t in tags if t.startswith(OPT_PREFIX)}
+    return frozenset(homes & _CORE)
+
+
 def _group_of(tag: str) -> str:
     if tag.startswith("param/"):
         return "param"
     return tag.split("/", 1)[0] if "/" in tag else ""
+
+
+def _key_label(key: str, lead: str | None) -> str:
+    """A key's legend text: an optimizer's series by the optimizer's name, plus what it
+    measures unless that is the chart's ``lead`` metric (``netd``, ``netd
+    grad_norm_clipped``); any other key as it is. A rank suffix is kept."""
+    tag, at, suffix = key.partition("@")
+    found = optimizer_of(tag)
+    if found is None:
+        return key
+    name, metric = found
+    text = name if metric == lead else f"{name} {metric}"
+    return f"{text}{at}{suffix}"
+
+
+def _named(title: str, keys: list[str], lead: str | None, group: str) -> Chart:
+    """A chart whose keys may hold optimizers' series: labels by optimizer, and the title
+    and note say that each optimizer is a line (and why no whole-step line stands
+    beside them)."""
+    names = sorted({found[0] for k in keys if (found := optimizer_of(base_tag(k)))})
+    labels = tuple(_key_label(k, lead) for k in keys)
+    if not names:
+        return Chart(title, tuple(keys), group, labels)
+    count = len(names)
+    title = f"{title} · {count} optimizers: one line each" if count > 1 else f"{title} · {names[0]}"
+    note = ""
+    whole = f"train/{lead}" if lead else None
+    if count > 1 and whole in _CORE and not any(base_tag(k) == whole for k in keys):
+        note = (
+            f"{', '.join(names[:-1])} and {names[-1]} step in each iteration: a whole-step "
+            f"{whole} would mix their networks, so it is not recorded and each optimizer's own "
+            f"opt/<name>/{lead} is a line of its own"
+        )
+    return Chart(title, tuple(keys), group, labels, note)
 
 
 def _group_rank(group: str) -> tuple[int, str]:
@@ -82,33 +183,35 @@ def plan_charts(tags: list[str], placeholders: bool = True) -> list[Chart]:
     """The core charts, then one chart per tag group (see the module docstring).
 
     Keys may carry a suffix (``train/loss@rank1``, ``@min``, ``@max``): a distributed
-    run's ranks and band are drawn together in the chart of their tag. ``placeholders``:
-    the first ``PLACEHOLDERS`` core charts stand before their data arrives (a live panel);
-    without it (the viewer, a finished run) a chart is planned only for tags present.
+    run's ranks and band are drawn together in the chart of their tag. An optimizer's
+    ``opt/<name>/<metric>`` is drawn in the chart of ``train/<metric>`` (core or of its
+    own), after the whole-step keys, optimizers by name. ``placeholders``: the first
+    ``PLACEHOLDERS`` core charts stand before their data arrives (a live panel); without
+    it (the viewer, a finished run) a chart is planned only for tags present.
     """
     by_base: dict[str, list[str]] = {}
     for key in sorted(tags):
         by_base.setdefault(base_tag(key), []).append(key)
+    # whole-step tag -> the optimizers' tags drawn in its chart, by optimizer name
+    by_home: dict[str, list[str]] = {}
+    for tag in by_base:
+        home = _home(tag)
+        if home != tag and (home in _CORE or home in _OWN_CHART):
+            by_home.setdefault(home, []).append(tag)
     charts = []
     for i, (title, core_tags) in enumerate(CORE_CHARTS):
         keys = [k for t in core_tags for k in by_base.get(t, [])]
+        keys += [k for t in core_tags for o in by_home.get(t, []) for k in by_base[o]]
         if not keys and placeholders and i < PLACEHOLDERS:
             keys = [core_tags[0]]
         if keys:
-            charts.append(Chart(title, tuple(keys)))
-    core = {t for _, ts in CORE_CHARTS for t in ts}
+            charts.append(_named(title, keys, _metric(core_tags[0]), "train"))
+    in_core = {t for home, ts in by_home.items() if home in _CORE for t in ts}
     groups: dict[str, list[str]] = {}
-    for tag in sorted(by_base, key=lambda t: (_group_rank(_group_of(t)), t)):
-        if tag in core or tag in _NOT_CHARTED or tag.startswith("snap/"):
+    for tag in sorted(by_base, key=_group_order):
+        if tag in _CORE or tag in in_core or tag in _NOT_CHARTED or tag.startswith("snap/"):
             continue
-        if tag in _OWN_CHART:
-            key = _OWN_CHART[tag]
-        elif tag.startswith("param/"):
-            # param grad_norm / weight_norm / moment1_norm...: one chart per kind
-            key = "param " + tag.rsplit("/", 1)[-1]
-        else:
-            key = tag.split("/", 1)[0] + "/" if "/" in tag else tag
-        groups.setdefault(key, []).append(tag)
+        groups.setdefault(_chart_key(tag), []).append(tag)
     for key, members in groups.items():
         keys = [k for tag in members for k in by_base[tag]]
         title = key
@@ -118,5 +221,27 @@ def plan_charts(tags: list[str], placeholders: bool = True) -> list[Chart]:
             # series is still recorded (viewer, load_run)
             shown = {base_tag(k) for k in keys[:MAX_LINES]}
             title = f"{title} (first {len(shown)} of {len(members)})"
-        charts.append(Chart(title, tuple(keys[:MAX_LINES]), _group_of(members[0])))
+        home = _home(members[0])
+        lead = _metric(home) if home in _OWN_CHART else None
+        charts.append(_named(title, keys[:MAX_LINES], lead, _group_of(home)))
     return charts
+
+
+def _group_order(tag: str) -> tuple[tuple[int, str], str, str]:
+    home = _home(tag)
+    return _group_rank(_group_of(home)), home, tag
+
+
+def _chart_key(tag: str) -> str:
+    """Which chart a tag outside the core charts joins (its title before any cap)."""
+    home = _home(tag)
+    if home in _OWN_CHART:
+        return _OWN_CHART[home]
+    if home.startswith("param/"):
+        # param grad_norm / weight_norm / moment1_norm...: one chart per kind
+        return "param " + home.rsplit("/", 1)[-1]
+    return tag.split("/", 1)[0] + "/" if "/" in tag else tag
+
+
+def _metric(tag: str) -> str:
+    return tag.rsplit("/", 1)[-1]

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from msmon_nb.diagnose.alert import with_chart
-from msmon_nb.metrics.charts import plan_charts
+from msmon_nb.metrics.charts import plan_charts, replaced_by_optimizers
 from msmon_nb.metrics.jsonsafe import jsonable
 from msmon_nb.monitor.controls import COMMANDS, command_list, interpret, state_of
 from msmon_nb.notebook.reopen import final, placeholder
@@ -305,11 +305,16 @@ class Panel:
         self._planned_for = sizes
         tags = list(series)
         if self.monitor is not None:
-            tags += [t for t in self.monitor.expected_tags() if t not in series]
+            # a whole-step tag that optimizers' own series stand for will not come: no
+            # placeholder line waits for it
+            gone = replaced_by_optimizers(series)
+            tags += [t for t in self.monitor.expected_tags() if t not in series and t not in gone]
         charts = [
             {
                 "title": chart.title,
                 "keys": list(chart.tags),
+                "labels": list(chart.labels),
+                "note": chart.note,
                 "log": chart.log,
             }
             for chart in plan_charts(tags)

@@ -113,7 +113,9 @@ def sticky_ylim(
 
 
 def _label(key: str, lines: int, tags: int) -> str | None:
-    """Legend text: none for a lone line; rank names within one tag; full keys otherwise."""
+    """Legend text of a key as the plan labels it (``Chart.label``: an optimizer's series
+    by its name): none for a lone line; rank names within one tag; the whole label
+    otherwise."""
     if lines < 2:
         return None
     base, _, suffix = key.partition("@")
@@ -224,7 +226,7 @@ class ChartRenderer:
                 else:
                     color = COLORS[color_index % len(COLORS)]
                     color_index += 1
-                label = _label(tag, len(chart.tags), len(bases))
+                label = _label(chart.label(tag), len(chart.tags), len(bases))
                 (raw,) = ax.plot(
                     [],
                     [],

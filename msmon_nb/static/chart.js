@@ -141,7 +141,7 @@ function interventionMark(i) {
   return { step: i.step, label, text: `step ${i.step}${rank}, ${i.who}: ${i.message || label}` };
 }
 
-// One chart. `spec`: {title, tags, log}. `onZoom(range | null)`: called after a box zoom
+// One chart. `spec`: {title, tags, log, note} (`note`: the title's hover text). `onZoom(range | null)`: called after a box zoom
 // ([x0, x1]) or a double-click reset (null); without it the chart zooms in place and new
 // points leave a zoomed view alone.
 //
@@ -163,6 +163,8 @@ class MsmonChart {
     this.marks = this.tags.slice(1).map((t) => h("span", { class: "msmon-tagmark",
       "data-msmon-tag": t, "data-last-step": "-1" }));
     this.titleEl = h("div", { class: "msmon-chart-title", text: spec.title });
+    // why the chart looks as it does (e.g. no whole-step line beside the optimizers' own)
+    if (spec.note) this.titleEl.title = spec.note;
     this.box = h("div", { class: "msmon-chart-box" });
     this.empty = h("div", { class: "msmon-empty", text: "waiting for data" });
     // the hovered intervention's text (data-mark-step says which)

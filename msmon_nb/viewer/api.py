@@ -81,7 +81,8 @@ def runs(store: RunStore, query: Mapping[str, list[str]]) -> Any:
 def charts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     """``/api/charts?run=A[&run=B...]``: the charts of those runs' tags together, in the
     order the notebook panel draws them (``msmon_nb.metrics.charts.plan_charts``):
-    ``[{title, tags, log, group}]``."""
+    ``[{title, tags, labels, note, log, group}]`` (``labels``: each tag's legend text, an
+    optimizer's series named by its optimizer; ``note``: the title's hover text)."""
     names = query.get("run") or []
     if not names:
         raise ApiError(400, "missing query parameter 'run' (one or more), e.g. run=my_run")

@@ -1,6 +1,6 @@
 """The one chart plan: the same charts, titles and order for the panel and the viewer."""
 
-from msmon_nb.metrics.charts import MAX_LINES, plan_charts
+from msmon_nb.metrics.charts import MAX_LINES, plan_charts, replaced_by_optimizers
 
 
 def titles(tags, placeholders=True):
@@ -85,3 +85,118 @@ def test_large_groups_are_capped_and_say_so():
     (chart,) = plan_charts(tags, placeholders=False)
     assert len(chart.tags) == MAX_LINES
     assert chart.title == f"param grad_norm (first {MAX_LINES} of 20)"
+
+
+GAN = [
+    "opt/netg/loss",
+    "opt/netd/loss",
+    "opt/netd/grad_norm",
+    "opt/netg/grad_norm",
+    "opt/netd/grad_norm_clipped",
+    "opt/netd/micro_grad_norm",
+    "opt/netd/learning_rate",
+    "opt/netg/learning_rate",
+    "opt/netd/loss_scale",
+    "opt/netg/loss_scale",
+    "opt/netd/overflow",
+    "opt/netd/updates",
+    "opt/netg/updates",
+    "train/throughput",
+    "train/step_time",
+]
+
+
+def test_two_optimizers_one_chart_per_metric_one_line_each_named_by_optimizer():
+    charts = plan_charts(GAN, placeholders=False)
+    by_title = {c.title.split(" · ")[0]: c for c in charts}
+    assert [c.title.split(" · ")[0] for c in charts] == [
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "throughput (samples/s)",
+        "step time (s)",
+        "loss scale",
+        "loss-scale overflow (1: update skipped)",
+        "updates per step",
+    ]
+    loss, grad, lr = by_title["loss"], by_title["grad_norm"], by_title["learning_rate"]
+    assert loss.tags == ("opt/netd/loss", "opt/netg/loss") and loss.labels == ("netd", "netg")
+    assert lr.tags == ("opt/netd/learning_rate", "opt/netg/learning_rate")
+    assert lr.labels == ("netd", "netg")
+    # before clipping first, optimizers by name; what is not the chart's own metric says so
+    assert grad.tags == (
+        "opt/netd/grad_norm",
+        "opt/netg/grad_norm",
+        "opt/netd/grad_norm_clipped",
+        "opt/netd/micro_grad_norm",
+    )
+    assert grad.labels == ("netd", "netg", "netd grad_norm_clipped", "netd micro_grad_norm")
+    assert grad.log and not loss.log and by_title["loss scale"].log
+    # the title says one line each, the note why no whole-step line stands beside them
+    for chart in (loss, grad, lr):
+        assert chart.title.endswith(" · 2 optimizers: one line each")
+        whole = "train/" + chart.tags[0].rsplit("/", 1)[-1]
+        assert whole in chart.note and "netd and netg" in chart.note
+        assert "would mix their networks" in chart.note
+    assert by_title["throughput (samples/s)"].title == "throughput (samples/s)"
+    assert by_title["throughput (samples/s)"].note == ""
+    assert by_title["loss scale"].labels == ("netd", "netg")
+    assert by_title["updates per step"].tags == ("opt/netd/updates", "opt/netg/updates")
+    # one optimizer only in a chart: named in the title
+    assert by_title["loss-scale overflow (1: update skipped)"].title.endswith(" · netd")
+    assert {c.group for c in charts} == {"train"}
+    as_json = grad.as_json()
+    assert as_json["labels"] == list(grad.labels) and as_json["note"] == grad.note
+
+
+def test_a_live_panel_plans_no_placeholder_for_what_optimizers_stand_for():
+    assert replaced_by_optimizers(GAN) == {
+        "train/loss",
+        "train/grad_norm",
+        "train/grad_norm_clipped",
+        "train/micro_grad_norm",
+        "train/learning_rate",
+    }
+    assert replaced_by_optimizers(["train/loss", "opt/netd/updates"]) == set()
+    # two optimizers, nothing recorded but their losses yet: the placeholders left stand
+    # for grad_norm and lr, not for the loss
+    charts = plan_charts(["opt/netd/loss", "opt/netg/loss"])
+    assert [c.tags for c in charts] == [
+        ("opt/netd/loss", "opt/netg/loss"),
+        ("train/grad_norm",),
+        ("train/learning_rate",),
+        ("train/throughput",),
+    ]
+
+
+def test_runs_compared_one_optimizer_beside_two_share_the_charts_and_say_no_why():
+    """The viewer plans the union of the runs' tags: a one-optimizer run's train/loss
+    and a GAN's two lines in one chart; no note claims train/loss is absent."""
+    (loss,) = [c for c in plan_charts(["train/loss", *GAN[:2]], False) if "loss" in c.tags[0]]
+    assert loss.tags == ("train/loss", "opt/netd/loss", "opt/netg/loss")
+    assert loss.labels == ("train/loss", "netd", "netg")
+    assert loss.note == ""
+
+
+def test_ranks_of_an_optimizers_series_keep_its_name_and_their_rank():
+    keys = ["opt/netd/loss@rank0", "opt/netd/loss@rank1", "opt/netg/loss@rank0"]
+    (loss, *_rest) = plan_charts(keys)
+    assert loss.labels == ("netd@rank0", "netd@rank1", "netg@rank0")
+    assert loss.label("opt/netd/loss@rank1") == "netd@rank1"
+
+
+def test_an_optimizers_other_series_are_grouped_by_what_they_measure():
+    tags = [
+        "opt/netd/param/fc.weight/moment1_norm",
+        "param/fc.weight/moment1_norm",
+        "opt/netd/foo",
+        "opt/netg/foo",
+        "val/acc",
+    ]
+    charts = plan_charts(tags, placeholders=False)
+    assert [(c.title, c.group) for c in charts] == [
+        ("opt/ · 2 optimizers: one line each", "opt"),
+        ("val/", "val"),
+        ("param moment1_norm · netd", "param"),
+    ]
+    assert charts[0].labels == ("netd foo", "netg foo")

@@ -427,3 +427,46 @@ def test_the_panel_answers_each_control_as_the_interpreter_did(tmp_path):
         assert rec.messages[-1][0]["status"]["state"] == "stopping"
         mon.resume()
     assert Panel("s", live=False).widget.commands == []
+
+
+def test_two_optimizers_reach_the_page_as_one_line_each_and_ds_alert_on_its_chart(tmp_path):
+    """A GAN recorded with each optimizer's own series (mon.step's extra scalars, as the
+    collectors write them): the page's plan holds no whole-step loss/grad_norm/lr line
+    waiting for data, each chart names its lines by optimizer, D's explosion is an alert
+    on the grad_norm chart, and the matplotlib picture's legend names them too."""
+    rng = np.random.default_rng(0)
+    with Monitor(save_dir=str(tmp_path)) as mon:
+        panel = Panel("gan", str(mon.run_dir))
+        rec = Recorder(panel)
+        panel.attach(mon)
+        for i in range(60):
+            d_grad = 1.9 * np.exp(rng.normal(0, 0.1)) * (1e4 if i >= 40 else 1.0)
+            values = {
+                "opt/netd/loss": 1.4 + 0.01 * rng.normal(),
+                "opt/netg/loss": 0.76 + 0.01 * rng.normal(),
+                "opt/netd/grad_norm": d_grad,
+                "opt/netg/grad_norm": 0.15 * np.exp(rng.normal(0, 0.1)),
+                "opt/netd/learning_rate": 2e-3,
+                "opt/netg/learning_rate": 1e-3,
+            }
+            mon.step(batch_size=8, **values)
+        panel._on_page({"type": "hello"})
+        msg = rec.messages[-1][0]
+    charts = {c["title"].split(" · ")[0]: c for c in msg["charts"]}
+    keys = {k for c in msg["charts"] for k in c["keys"]}
+    assert not keys & {"train/loss", "train/grad_norm", "train/learning_rate"}
+    grad = charts["grad_norm"]
+    assert grad["keys"] == ["opt/netd/grad_norm", "opt/netg/grad_norm"]
+    assert grad["labels"] == ["netd", "netg"] and grad["log"]
+    assert grad["title"] == "grad_norm · 2 optimizers: one line each"
+    assert "a whole-step train/grad_norm would mix their networks" in grad["note"]
+    assert charts["loss"]["labels"] == ["netd", "netg"]
+    [boom] = [a for a in msg["alerts"] if a["kind"] == "grad_explosion"]
+    assert boom["chart"] == "opt/netd/grad_norm" and boom["since_step"] == 40
+    assert boom["message"].startswith("netd grad_norm exploding since step 40")
+    assert not [a for a in msg["alerts"] if "netg" in (a["tag"] or "")]
+    renderer = ChartRenderer(RenderOptions(headroom=1.0))
+    assert renderer.render(dict(mon.series)) is not None
+    titles = [c.title for c in renderer.charts]
+    legend = renderer._axes[titles.index(grad["title"])].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["netd", "netg"]

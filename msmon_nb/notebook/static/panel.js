@@ -58,15 +58,17 @@ function fmtSecs(s) {
 
 function baseTag(key) { return key.split("@")[0]; }
 
-// The series of one planned chart ({title, keys, log}) from the panel's points: a
-// distributed run's @min/@max keys are the band's edges.
+// The series of one planned chart ({title, keys, labels, note, log}) from the panel's
+// points: a distributed run's @min/@max keys are the band's edges; a line is named by the
+// plan's label (an optimizer's series by the optimizer: `netd`, `netg`).
 function seriesOf(panel, spec) {
   const out = [];
   spec.keys.forEach((key, i) => {
     const d = panel.data.get(key);
     if (!d) return;
     const band = key.endsWith("@min") ? "lo" : key.endsWith("@max") ? "hi" : null;
-    out.push({ label: spec.keys.length > 1 ? key : baseTag(key), tag: baseTag(key),
+    const label = (spec.labels || spec.keys)[i];
+    out.push({ label: spec.keys.length > 1 ? label : baseTag(label), tag: baseTag(key),
       color: band ? null : MSMON_COLORS[i % MSMON_COLORS.length], xs: d.xs, ys: d.ys, band,
       nonfinite: panel.nonfinite.get(key) || [] });
   });
@@ -151,8 +153,8 @@ class Panel {
     for (const c of this.charts) c.destroy();
     this.grid.replaceChildren();
     this.charts = specs.map((s) => new MsmonChart({ title: s.title, tags: s.keys.map(baseTag),
-      log: s.log }));
-    this.charts.forEach((c, i) => { c.keys = specs[i].keys; });
+      log: s.log, note: s.note }));
+    this.charts.forEach((c, i) => { c.keys = specs[i].keys; c.labels = specs[i].labels; });
     for (const c of this.charts) this.grid.append(c.el);
   }
 
@@ -405,8 +407,8 @@ class Panel {
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
       severity: a.severity, tag: alertTag(a) }));
     const marks = this.interventions.map(interventionMark).filter(Boolean);
-    chart.set(seriesOf(this, { keys: chart.keys }), { smooth: this.smooth, scale: this.scale,
-      alerts, marks, width });
+    chart.set(seriesOf(this, { keys: chart.keys, labels: chart.labels }),
+      { smooth: this.smooth, scale: this.scale, alerts, marks, width });
   }
 
   redrawAll() {

@@ -22,7 +22,7 @@ const state = {
   runs: [],               // from /api/runs
   selected: new Set(),    // run names
   colors: new Map(),      // run name -> colour, stable while the page lives
-  plan: [],               // from /api/charts: [{title, tags, log, group}]
+  plan: [],               // from /api/charts: [{title, tags, labels, note, log, group}]
   charts: new Map(),      // chart id -> {spec, chart: MsmonChart, zoom: [x0, x1] | null,
                           //   data: Map("run\ttag" -> drawn)}; drawn: {mode: "single" | "band",
                           //   series} or {mode: "lines", ranks: [[k, series]]}
@@ -400,7 +400,9 @@ function draw(id) {
     for (const tag of c.spec.tags) {
       const drawn = c.data.get(`${run.name}\t${tag}`);
       if (!drawn) continue;
-      const name = many ? (runs.length > 1 ? `${run.name} ${tag}` : tag) : run.name;
+      // the plan's label: the tag, or an optimizer's name for its own series
+      const label = (c.spec.labels || c.spec.tags)[c.spec.tags.indexOf(tag)];
+      const name = many ? (runs.length > 1 ? `${run.name} ${label}` : label) : run.name;
       const parts = drawn.mode === "lines" ? drawn.ranks : [[null, drawn.series]];
       for (const [i, [k, s]] of parts.entries()) {
         raw = raw && s.raw;
