@@ -525,17 +525,19 @@ class StepTaps:
         pattern.update(1, step.clips, calls, step.overflows)
         seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=pattern.accumulating)
         # no update, no overflow, and a cell that accumulates nothing: a skipped update
-        seen.skipped = (
-            calls == 0
-            and step.overflows == 0
-            and pattern.buffer is False
-            and self.optimizer.installed
-        )
         if step.optimizer > 1:  # which optimizers they were (collect.several)
             seen.calls = self.optimizer.read_calls(now.optimizer - step.optimizer, now.optimizer)
         if step.optimizer == 0 and self.optimizer.installed:
             # (read only then: a model's sparse gradients are sparse at every step)
             seen.sparse = self.optimizer.read_sparse() > 0
+        # (a sparse update passes the tap uncounted: it ran, it was not skipped)
+        seen.skipped = (
+            calls == 0
+            and step.overflows == 0
+            and pattern.buffer is False
+            and self.optimizer.installed
+            and not seen.sparse
+        )
         if seen.optimizer_ran:
             _, seen.received = self.optimizer.read()
             if self.each:
