@@ -293,6 +293,7 @@ _CARDS = (
             "z": Param(8.0, p.positive, 10.0),
             "factor": Param(5.0, p.above_one, 10.0),
             "jump": Param(100.0, p.above_one, 1000.0),
+            "global_factor": Param(10.0, p.above_one, 5.0),
             "patience": Param(2, p.count(1), 3),
             "window": Param(50, p.count(4), 100),
             "min_history": Param(20, p.count(2), 30),

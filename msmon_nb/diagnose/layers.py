@@ -9,24 +9,26 @@ each parameter's two series -- its gradient norm and its update ratio ``||w - w_
 ||w_prev||`` -- are judged against their own history, in log10 (a healthy series moves
 multiplicatively):
 
-- each series keeps a running level (an EMA over ``window`` steps, the plain mean until
-  then) and a running spread (the EMA of its absolute deviation, x1.25 to a sigma, never
-  below ``SPREAD_FLOOR`` decades), updated with deviations clipped at ``CLIP`` sigmas so
-  that one wild step does not move them, and only a quarter as fast while it is over;
 - the model-wide move of the step (the median over the parameters of each series'
   distance from its level: an lr schedule, a loss scale, the loss falling) is taken out,
-  so only a parameter that moves apart from the others counts;
-- a parameter is *over* when that excess is past ``z`` spreads and past ``factor``, and
-  past the global grad_norm's own rise (read from the same step's norms: sqrt of their
-  sum of squares) by ``factor``: where the whole gradient moved with it, the global rules
-  speak (and blame names the layer);
+  so only a parameter that moves apart from the others counts: its *excess*;
+- each series keeps a running level (an EMA over ``window`` steps, the plain mean until
+  then) and a running spread of its excess (the EMA of its absolute value, x1.25 to a
+  sigma, never below ``SPREAD_FLOOR`` decades), updated with deviations clipped at
+  ``CLIP`` sigmas so that one wild step does not move them, and only a quarter as fast
+  while it is over;
+- a parameter is *over* when that excess is past ``z`` spreads and past ``factor``, while
+  the global grad_norm (read from the same step's norms: sqrt of their sum of squares)
+  rose less than ``global_factor`` over its own level: past it, the whole gradient rose
+  with the layer and the global rules speak (their blame names the layer);
 - ``patience`` over steps in a row confirm it, or one step over by ``jump`` (a weight
   written between two steps shows its update ratio once); the alert names the parameters
   over then, the first to rise first, and lasts until ``QUIET`` steps with none over.
 
 A series that never moved (a frozen layer's update ratio, exactly 0) has no history of its
-own to rise past: it is judged against the other parameters' level of that series instead
-(a layer unfrozen at the usual lr moves like the others and stays quiet). With fewer than
+own to rise past: it is judged against the other parameters' level of that series, and
+its history starts from theirs when it moves (a layer unfrozen at the usual lr moves like
+the others and stays quiet). With fewer than
 ``min_history`` steps nothing is judged. Every step costs a few numpy operations over two
 rows of P values (``bench/layers.py`` prints it).
 """
@@ -58,6 +60,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         super().__init__(settings)
         self.log_factor = math.log10(self.factor)
         self.log_jump = math.log10(self.jump)
+        self.log_global = math.log10(self.global_factor)
         self.alpha = 2.0 / (self.window + 1)
         self.episode = Episode()
         self.named: list[Blamed] = []
@@ -100,32 +103,33 @@ class LayerRise(CardRule, kind="layer_rise"):
         g = 0.5 * math.log10(total) if 0.0 < total < math.inf else math.nan
         n = self.n
         self.n = n + 1
-        if n < self.min_history:
-            self._learn(x, g, 1.0 / (n + 1), None)
-            return None
         level = self._level
         dev = x - level
         still = level < STILL  # never moved: judged against the others' level instead
         moving = ~still
         common = _medians(np.where(moving, dev, np.nan))
+        if n < self.min_history:
+            self._learn(x, g, 1.0 / (n + 1), None, common)
+            return None
         excess = dev - common[:, None]
         if still.any():
             typical = _medians(np.where(moving, x, np.nan))
             excess = np.where(still, x - typical[:, None], excess)
-        # how far the global grad_norm rose beyond the gradients' model-wide move: a layer
-        # must rise past it too (where the whole gradient rose with it, the global rules
-        # speak)
+        # how far the global grad_norm rose beyond the gradients' model-wide move: past
+        # ``global_factor`` the whole gradient rose with the layer, and the global rules
+        # speak (their blame names it)
         g_rise = g - self._g[0] - common[0]
-        bar = self.log_factor + (g_rise if g_rise > 0.0 else 0.0)
         zs = excess / self._sigma
-        over = (zs > self.z) & (excess > bar)
+        over = (zs > self.z) & (excess > self.log_factor)
+        if not g_rise < self.log_global:
+            over[:] = False
         over_p = over[0] | over[1]
         if not over_p.any():
             if self._counting:
                 self._count[:] = 0
                 self._counting = False
             self.episode.settle(calm=True)
-            self._learn(x, g, self.alpha, None)
+            self._learn(x, g, self.alpha, None, common)
             return None
         started = over_p & (self._count == 0)
         self._since[started] = step
@@ -133,7 +137,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         self._counting = True
         big = ((excess > self.log_jump) & over).any(axis=0)
         confirmed = over_p & ((self._count >= self.patience) | big)
-        self._learn(x, g, self.alpha, over)
+        self._learn(x, g, self.alpha, over, common)
         self.episode.settle(calm=False)
         if not confirmed.any() or self.episode.active:
             return None
@@ -176,22 +180,31 @@ class LayerRise(CardRule, kind="layer_rise"):
             f"{first.step}, while the model's grad_norm did not rise with it{also}"
         )
 
-    def _learn(self, x: np.ndarray, g: float, alpha: float, over: np.ndarray | None) -> None:
+    def _learn(
+        self, x: np.ndarray, g: float, alpha: float, over: np.ndarray | None, common: np.ndarray
+    ) -> None:
         """Move the levels and spreads toward this step (module docstring): deviations
         clipped at ``CLIP`` sigmas once there is history, a quarter of the rate where
-        ``over``; NaN moves nothing."""
+        ``over``; NaN moves nothing. The spread is that of the excess (``common``, the
+        step's model-wide move, taken out), the quantity ``z`` is judged on: the layers
+        of a model rise and fall together early in training and with the lr, and that
+        shared move is not a layer's own noise."""
         level, spread = self._level, self._spread
         wake = (level < STILL) & (x >= STILL)
         if wake.any():  # a series that never moved moves: its history starts here
             self._wake(wake, x)
         dev = x - level
+        own = dev - common[:, None]
         if self.n > self.min_history:
             limit = CLIP * self._sigma
             dev = np.clip(dev, -limit, limit)
-        dev = np.where(np.isfinite(dev), dev, 0.0)
+            own = np.clip(own, -limit, limit)
+        ok = np.isfinite(dev)
+        dev = np.where(ok, dev, 0.0)
+        own = np.where(ok, np.abs(own), spread)
         rate = alpha if over is None else np.where(over, alpha / 4, alpha)
         level += rate * dev
-        spread += rate * (np.abs(dev) - spread)
+        spread += rate * (own - spread)
         np.maximum(spread * ABS_TO_SIGMA, SPREAD_FLOOR, out=self._sigma)
         if math.isfinite(g):
             d = g - self._g[0]
@@ -202,13 +215,16 @@ class LayerRise(CardRule, kind="layer_rise"):
             self._g[1] += alpha * (abs(d) - self._g[1])
 
     def _wake(self, wake: np.ndarray, x: np.ndarray) -> None:
-        """Seed the level of a series that starts moving at its first value, its spread
-        at the median spread of the moving series of its kind (its own is none)."""
+        """A series that never moved starts moving: its history starts from what the
+        moving series of its kind do (their median level and spread; it has none of its
+        own), so a layer unfrozen at the others' pace is at home at once and one unfrozen
+        far above them stays over until ``patience`` confirms it."""
         level, spread = self._level, self._spread
-        moving = np.where(level >= STILL, spread, np.nan)
-        usual = _medians(moving)
+        moving = level >= STILL
+        typical = _medians(np.where(moving, level, np.nan))
+        usual = _medians(np.where(moving, spread, np.nan))
         for i, j in zip(*np.nonzero(wake), strict=True):
-            level[i, j] = x[i, j]
+            level[i, j] = typical[i] if moving[i].any() else x[i, j]
             spread[i, j] = usual[i]
 
 
