@@ -4,7 +4,8 @@ Trained once by ``python bench/layers.py --regen`` (real CPU MindSpore training)
 as ``bench/data/layers_curves.json.gz``: per run its spec, the parameter names, and as
 float32 (``bench/detect_data.pack``) the loss, the global grad_norm, and each
 parameter's gradient norm and update ratio per step (steps x parameters, row-major).
-The tuning set's curves are cached the same way under ``bench/.cache/layers_tuning``.
+The tuning set (``--regen --tuning``) is frozen the same way in
+``bench/data/layers_tuning.json.gz``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bench.detect_runs import Spec
 
 ROOT = Path(__file__).resolve().parent
 FROZEN = ROOT / "data" / "layers_curves.json.gz"
-TUNING = ROOT / ".cache" / "layers_tuning.json.gz"
+TUNING = ROOT / "data" / "layers_tuning.json.gz"
 FORMAT = 1
 
 Run = tuple[Spec, dict[str, Any]]

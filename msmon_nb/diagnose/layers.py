@@ -81,6 +81,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         self._g = [0.0, 0.0]  # the global grad_norm's level and spread (log10)
         self._count = np.zeros(p, dtype=np.int64)  # over steps in a row, per parameter
         self._counting = False  # some count is not 0
+        self._stilled = True  # some series may not have moved yet (``update``)
         self._since = np.zeros(p, dtype=np.int64)  # the first of them
 
     def update(
@@ -105,15 +106,22 @@ class LayerRise(CardRule, kind="layer_rise"):
         self.n = n + 1
         level = self._level
         dev = x - level
-        still = level < STILL  # never moved: judged against the others' level instead
-        moving = ~still
-        common = _medians(np.where(moving, dev, np.nan))
+        # never moved (judged against the others' level instead): checked while some
+        # series has not moved yet, and every 64 steps (a level only sinks that far
+        # after a long run of exact zeros)
+        still = None
+        if self._stilled or not n % 64:
+            still = level < STILL
+            self._stilled = bool(still.any())
+            if not self._stilled:
+                still = None
+        common = _medians(dev if still is None else np.where(still, np.nan, dev))
         if n < self.min_history:
-            self._learn(x, g, 1.0 / (n + 1), None, common)
+            self._learn(x, dev, g, 1.0 / (n + 1), None, common, still)
             return None
         excess = dev - common[:, None]
-        if still.any():
-            typical = _medians(np.where(moving, x, np.nan))
+        if still is not None:
+            typical = _medians(np.where(still, np.nan, x))
             excess = np.where(still, x - typical[:, None], excess)
         # how far the global grad_norm rose beyond the gradients' model-wide move: past
         # ``global_factor`` the whole gradient rose with the layer, and the global rules
@@ -123,21 +131,21 @@ class LayerRise(CardRule, kind="layer_rise"):
         over = (zs > self.z) & (excess > self.log_factor)
         if not g_rise < self.log_global:
             over[:] = False
-        over_p = over[0] | over[1]
-        if not over_p.any():
+        if not over.any():
             if self._counting:
                 self._count[:] = 0
                 self._counting = False
             self.episode.settle(calm=True)
-            self._learn(x, g, self.alpha, None, common)
+            self._learn(x, dev, g, self.alpha, None, common, still)
             return None
+        over_p = over[0] | over[1]
         started = over_p & (self._count == 0)
         self._since[started] = step
         self._count = np.where(over_p, self._count + 1, 0)
         self._counting = True
         big = ((excess > self.log_jump) & over).any(axis=0)
         confirmed = over_p & ((self._count >= self.patience) | big)
-        self._learn(x, g, self.alpha, over, common)
+        self._learn(x, dev, g, self.alpha, over, common, still)
         self.episode.settle(calm=False)
         if not confirmed.any() or self.episode.active:
             return None
@@ -181,32 +189,43 @@ class LayerRise(CardRule, kind="layer_rise"):
         )
 
     def _learn(
-        self, x: np.ndarray, g: float, alpha: float, over: np.ndarray | None, common: np.ndarray
+        self,
+        x: np.ndarray,
+        dev: np.ndarray,
+        g: float,
+        alpha: float,
+        over: np.ndarray | None,
+        common: np.ndarray,
+        still: np.ndarray | None,
     ) -> None:
         """Move the levels and spreads toward this step (module docstring): deviations
-        clipped at ``CLIP`` sigmas once there is history, a quarter of the rate where
-        ``over``; NaN moves nothing. The spread is that of the excess (``common``, the
-        step's model-wide move, taken out), the quantity ``z`` is judged on: the layers
-        of a model rise and fall together early in training and with the lr, and that
-        shared move is not a layer's own noise."""
-        level, spread = self._level, self._spread
-        wake = (level < STILL) & (x >= STILL)
-        if wake.any():  # a series that never moved moves: its history starts here
-            self._wake(wake, x)
-        dev = x - level
-        own = dev - common[:, None]
+        ``dev`` (``x`` - level) clipped at ``CLIP`` sigmas once there is history, a
+        quarter of the rate where ``over``; NaN moves nothing. The spread is that of the
+        excess (``common``, the step's model-wide move, taken out), the quantity ``z`` is
+        judged on: the layers of a model rise and fall together early in training and
+        with the lr, and that shared move is not a layer's own noise."""
+        level, spread, sigma = self._level, self._spread, self._sigma
+        if still is not None:
+            wake = still & (x >= STILL)
+            if wake.any():  # a series that never moved moves: its history starts here
+                self._wake(wake, x)
+                dev = x - level
+        own = np.abs(dev - common[:, None])
+        np.nan_to_num(dev, copy=False, nan=0.0)
+        np.copyto(own, spread, where=np.isnan(own))  # not known: the spread stays
         if self.n > self.min_history:
-            limit = CLIP * self._sigma
-            dev = np.clip(dev, -limit, limit)
-            own = np.clip(own, -limit, limit)
-        ok = np.isfinite(dev)
-        dev = np.where(ok, dev, 0.0)
-        own = np.where(ok, np.abs(own), spread)
-        rate = alpha if over is None else np.where(over, alpha / 4, alpha)
-        level += rate * dev
-        spread += rate * (own - spread)
-        np.maximum(spread * ABS_TO_SIGMA, SPREAD_FLOOR, out=self._sigma)
-        if math.isfinite(g):
+            limit = CLIP * sigma
+            np.clip(dev, -limit, limit, out=dev)
+            np.minimum(own, limit, out=own)
+        if over is None:
+            level += alpha * dev
+            spread += alpha * (own - spread)
+        else:
+            rate = np.where(over, alpha / 4, alpha)
+            level += rate * dev
+            spread += rate * (own - spread)
+        np.maximum(spread * ABS_TO_SIGMA, SPREAD_FLOOR, out=sigma)
+        if g == g and g != math.inf:
             d = g - self._g[0]
             if self.n > self.min_history:
                 limit = CLIP * max(self._g[1] * ABS_TO_SIGMA, SPREAD_FLOOR)

@@ -118,5 +118,5 @@ def test_without_ratios_the_gradient_norms_are_judged_alone():
 
 
 def test_settings_are_checked_by_the_card():
-    with pytest.raises(ConfigError, match="layer_rise.factor"):
+    with pytest.raises(ConfigError, match=r"layer_rise\.factor"):
         Diagnoser({"layer_rise": {"factor": 0.5}})
