@@ -14,7 +14,12 @@ Keys (README, "Which layer started it"):
   tuned on ``bench/blame.py``'s tuning set, reported on its held-out set;
 - ``top``: how many parameters an alert names;
 - ``detail_steps``: after such an alert, record ``param/<name>/grad_norm``,
-  ``weight_norm`` and ``update_ratio`` for this many steps (0: never).
+  ``weight_norm`` and ``update_ratio`` for this many steps (0: never);
+- ``update_ratio``: on every collected step, also measure each parameter's update ratio
+  ``||w - w_prev|| / ||w_prev||`` from the Parameters (kept in the ring beside the
+  gradient norms; the ``layer_rise`` alert and blame read it);
+- ``ratio_mb``: the most host memory the float32 copies of ``w_prev`` may take; the
+  parameters past it (in the optimizer's order) are not measured, said once.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from msmon_nb.config.checks import ConfigError
 # key -> default
 BLAME_DEFAULTS: dict[str, Any] = {
     "enabled": True,
-    "steps": 32,
+    "steps": 128,
     "z": 6.0,
     "top": 3,
     "detail_steps": 50,
+    "update_ratio": True,
+    "ratio_mb": 512,
 }
 MIN_STEPS = 8  # fewer rows give no median/MAD worth the name
 
@@ -61,7 +68,7 @@ def resolve_blame(blame: Any) -> dict[str, Any]:
     if not isinstance(blame, Mapping):
         raise ConfigError(
             f"monitor_config.blame={blame!r}: must be a mapping; for example "
-            "blame: {steps: 32, detail_steps: 50}"
+            "blame: {steps: 128, detail_steps: 50}"
         )
     out = dict(BLAME_DEFAULTS)
     for key, value in blame.items():
@@ -80,13 +87,17 @@ def _whole(value: Any) -> bool:
 
 
 def _check(key: str, value: Any) -> Any:
-    if key == "enabled":
+    if key in ("enabled", "update_ratio"):
         if not isinstance(value, bool):
-            raise _bad(key, value, "must be true or false", "{enabled: false}")
+            raise _bad(key, value, "must be true or false", f"{{{key}: false}}")
+        return value
+    if key == "ratio_mb":
+        if not _whole(value) or value < 1:
+            raise _bad(key, value, "must be a whole number of MB >= 1", "{ratio_mb: 1024}")
         return value
     if key == "steps":
         if not _whole(value) or value < MIN_STEPS:
-            raise _bad(key, value, f"must be a whole number >= {MIN_STEPS}", "{steps: 32}")
+            raise _bad(key, value, f"must be a whole number >= {MIN_STEPS}", "{steps: 128}")
         return value
     if key == "top":
         if not _whole(value) or value < 1:

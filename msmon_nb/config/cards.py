@@ -285,6 +285,23 @@ _CARDS = (
         blamed=True,
     ),
     Card(
+        "layer_rise",
+        "warning",
+        "several",
+        GRAD,
+        {
+            # tuned on bench/layers.py --tuning (z 6/8, factor 3/5, jump 30/100): the
+            # held-out set was frozen before and not looked at while choosing
+            "z": Param(6.0, p.positive, 8.0),
+            "factor": Param(5.0, p.above_one, 10.0),
+            "jump": Param(30.0, p.above_one, 100.0),
+            "global_factor": Param(10.0, p.above_one, 5.0),
+            "patience": Param(2, p.count(1), 3),
+            "window": Param(50, p.count(4), 100),
+            "min_history": Param(20, p.count(2), 30),
+        },
+    ),
+    Card(
         "adam_v_stale",
         "warning",
         "several",

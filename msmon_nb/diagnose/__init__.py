@@ -50,6 +50,12 @@ adam_v_stale       warning   grad_norm^2 / ||v|| (Adam's second moment,  first s
                              tracked) >= 10x its running median and 5    for a sudden
                              robust sigmas: updates g/sqrt(v) far larger return of the
                              than usual, a loss spike follows            gradient
+layer_rise         warning   one parameter's gradient norm or update     first step of the
+                             ratio, less the model-wide move, >= 5x      parameter's rise
+                             its own level and 6 robust sigmas, 2 steps
+                             (or x30 once), while grad_norm rose
+                             < x10; fed per-parameter rows by the
+                             monitor (``update_layers``)
 metric_missing     warning   a tracked 'group/tag' absent after 100      first step
                              collected steps
 step_order         warning   a series' step <= its previous step         exact

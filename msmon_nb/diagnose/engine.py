@@ -8,8 +8,9 @@ clear and it came back.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from msmon_nb.config import COMPUTE_TAG, DATA_TAG
@@ -18,6 +19,7 @@ from msmon_nb.config.cards import CARDS, GRAD, LOSS, LR, SEVERITY
 from msmon_nb.config.checks import optimizer_series
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.converge import Convergence
+from msmon_nb.diagnose.layers import LayerRise
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
 from msmon_nb.diagnose.pipeline import DataBound
 from msmon_nb.diagnose.rules import SERIES_RULES, make_rule
@@ -84,6 +86,7 @@ class Diagnoser:
         # ("v"|"g", step) -> a half of adam_v_stale's input waiting for the other half;
         # empty until the first moment2 tag arrives, so runs without it pay nothing
         self._v_pending: dict[tuple[str, int], float] = {}
+        self._layers = self._make(LayerRise, disabled)
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -238,6 +241,26 @@ class Diagnoser:
             for tag, f in missing.update(step, values):
                 self._raise(new, step, "metric_missing", tag, f, self._missing_check(tag))
         return new
+
+    def update_layers(
+        self, step: int, names: Sequence[str], grads: Any, ratios: Any, top: int = 3
+    ) -> list[Alert]:
+        """Judge one collected step's per-parameter gradient norms and update ratios
+        (NaN or None: not known) with ``layer_rise``; its NEW alert, naming up to ``top``
+        parameters in its ``blame``, or []. The monitor calls it beside ``update`` for
+        the steps whose per-parameter norms it has (``monitor.layers``)."""
+        rule = self._layers
+        if rule is None:
+            return []
+        f = rule.update(step, names, grads, ratios)
+        if f is None:
+            return []
+        new: list[Alert] = []
+        self._raise(new, step, LayerRise.kind, "", f, _flag(rule))
+        blamed = tuple(b.to_dict() for b in rule.named[:top])
+        alert = dataclasses.replace(new[0], blame=blamed)
+        self._latest[(LayerRise.kind, "")] = (alert, _flag(rule))
+        return [alert]
 
     def _pair_v(self, new: list[Alert], step: int, grad: Any, v_norm: float | None) -> None:
         """Feed ``adam_v_stale`` grad_norm and ||v|| of one step, even when they arrive in

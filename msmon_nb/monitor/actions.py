@@ -87,7 +87,8 @@ class Actions:
         self.skips_in_a_row = 0
         self.skipped_total = 0
         self.widened = False  # overhead_budget widened the interval once already
-        self.layers = LayerBlame(cfg)  # which layer started a gradient or loss alert
+        # which layer started a gradient or loss alert; one layer rising alone
+        self.layers = LayerBlame(cfg, monitor.warn_once)
 
     # --- per collected step ----------------------------------------------------------------
 
@@ -235,12 +236,21 @@ class Actions:
 
     def layer_values(self, step: int, values: dict[str, float]) -> None:
         """``blame``, before the rules see collected step ``step``: keep its per-parameter
-        gradient norms (an alert on this step blames with them), and while a detail
-        window is open add its per-parameter scalars to ``values``."""
+        gradient norms and update ratios (an alert on this step blames with them), judge
+        them (``layer_rise``, whose alert goes out at once), and while a detail window is
+        open add its per-parameter scalars to ``values``."""
         collector, layers = self.monitor.collector, self.layers
         if collector.param_norms is not None:
             guard = self.monitor.guard
-            guard("keeping per-parameter gradient norms", layers.keep, *collector.param_norms)
+            at, names, norms = collector.param_norms
+            params = collector.last_params
+            ratios = guard("keeping per-parameter norms", layers.keep, at, names, norms, params)
+            found = guard(
+                "judging each layer", self.diagnoser.update_layers, at, names, norms, ratios
+            )
+            for alert in found or ():
+                layers.remember(alert)
+                self._on_alert(alert)
         if layers.detail_until is not None:
             params = collector.last_params
             more = self.monitor.guard("recording per-parameter detail", layers.detail, step, params)
