@@ -46,7 +46,11 @@ def train(tmp_path, factor: float, monitored: bool = True):
         return loss
 
     losses = []
-    mon = Monitor(save_dir=str(tmp_path), blame={"detail_steps": 0, "update_ratio": True}) if monitored else None
+    mon = (
+        Monitor(save_dir=str(tmp_path), blame={"detail_steps": 0, "update_ratio": True})
+        if monitored
+        else None
+    )
     if mon is not None:
         with mon, mon.watch():
             for a, b in tiny.batches(x, y, steps=STEPS):
