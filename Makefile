@@ -14,8 +14,10 @@ venv: $(STAMP)
 # mindone and MindOCR (tests/trainers, tests/conformance) go in without their declared
 # dependencies (transformers, opencv, pillow<=9.5...): the modules the tests use need only
 # what '.[dev]' brings; MindOCR's package does not import on MindSpore 2.10 at all (its
-# train-step modules are loaded as files)
-SUITES := mindone==0.5.0 mindocr==0.5.0
+# train-step modules are loaded as files), nor does MindAudio's (its __init__ imports its
+# data downloaders: wget...; tests/trainers/test_mindaudio.py loads its loss-scale cell's
+# module as a file)
+SUITES := mindone==0.5.0 mindocr==0.5.0 mindaudio==0.3.0
 
 # MindFormers 2.1.0 (tests/trainers/test_mindformers.py) pins mindspore~=2.11.0 and
 # hyper-parallel, neither on PyPI: it goes in --no-deps, with the packages its import needs,

@@ -9,7 +9,8 @@ the optimizer). ``GraphTaps`` wraps, class- or module-level, the few MindSpore f
 every such step goes through, so the wrappers are compiled into whatever graph calls
 them (a ``Model.train`` cell, a ``@ms.jit`` step) and also run when PyNative calls them:
 
-* clipping: every Cell class that clips by norm (``clip_cells``: MindSpore's
+* clipping: every Cell class that clips by norm or clips gradients by value
+  (``clip_cells``: MindSpore's
   ``_ClipByGlobalNorm`` behind ``ops.clip_by_global_norm``, ``nn.ClipByNorm`` (one
   tensor a call, so the squares add up over the calls of a step), MindFormers'
   ``ClipGradNorm``...) and ``ops.clip_by_norm`` (its ``_cal_total_norm``): the sum of
@@ -333,11 +334,14 @@ def overloaded(graph: Any, signature: tuple[str, ...]) -> Any:
     return None
 
 
-_CLIP_NAME = re.compile(r"clip.*norm|norm.*clip", re.IGNORECASE)
+# a cell that clips by norm (MindSpore's ClipByNorm, MindFormers' ClipGradNorm) or one
+# that clips gradients by its name (MindAudio's ClipGradients clips each by value)
+_CLIP_NAME = re.compile(r"clip.*(norm|grad)|(norm|grad).*clip", re.IGNORECASE)
 
 
 def clip_cells() -> list[type]:
-    """Every Cell class defined so far that clips by norm, found by its name, with a
+    """Every Cell class defined so far that clips by norm or clips gradients (by value
+    too: MindAudio 0.3.0's ``ClipGradients``), found by its name, with a
     ``construct`` of its own whose first argument is what it clips: MindSpore's
     ``_ClipByGlobalNorm`` (behind ``ops.clip_by_global_norm``) and ``nn.ClipByNorm``,
     and the suites' own (MindFormers' ``ClipGradNorm``, which returns the clipped
