@@ -37,24 +37,39 @@ class Spec:
     """How to make one optimizer: ``build(params, lr)`` (lr as the form gives it), the
     lr forms it accepts, and its family (which API its lr and state follow)."""
 
-    build: Callable[[list, Any], Any]
+    build: Callable[..., Any]  # build(params, lr, loss_scale=1.0)
     forms: tuple[str, ...] = NN_FORMS
     family: str = "nn"  # nn | experimental
     # False where its update does nothing in PyNative (test_optimizers checks it still does)
     pynative: bool = True
+    loss_scale: bool = False  # takes loss_scale= (and undoes it, or says it does)
+    mindcv: bool = False  # built by MindCV's create_optimizer (its trainer's cases)
 
 
 def _nn(name: str, **kw: Any) -> Spec:
-    def build(params, lr):
+    def build(params, lr, loss_scale=1.0):
         import mindspore.nn as nn
 
-        return getattr(nn, name)(params, learning_rate=lr, **kw)
+        scale = {"loss_scale": loss_scale} if loss_scale != 1.0 else {}
+        return getattr(nn, name)(params, learning_rate=lr, **kw, **scale)
 
-    return Spec(build)
+    return Spec(build, loss_scale=_takes(name, "loss_scale"))
+
+
+def _takes(name: str, argument: str) -> bool:
+    """Whether ``mindspore.nn.<name>.__init__`` has ``argument``: read from the class's
+    source (MindSpore's ``opt_init_args_register`` hides the signature)."""
+    import mindspore.nn as nn
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(nn, name))))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            return argument in [a.arg for a in node.args.args + node.args.kwonlyargs]
+    return False
 
 
 def _exp(module: str, name: str) -> Spec:
-    def build(params, lr):
+    def build(params, lr, loss_scale=1.0):
         return getattr(importlib.import_module(module), name)(params, lr=lr)
 
     # mint.optim's in-place updates leave the weights as they were when run op by op on
@@ -67,16 +82,18 @@ SUITE_FORMS = ("float", "list", "schedule", "parameter")
 
 
 def _mindcv(name: str) -> Spec:
-    def build(params, lr):
+    def build(params, lr, loss_scale=1.0):
         from mindcv.optim import create_optimizer
 
-        return create_optimizer(params, opt=name, lr=lr, weight_decay=1e-4)
+        return create_optimizer(params, opt=name, lr=lr, weight_decay=1e-4, loss_scale=loss_scale)
 
-    return Spec(build, SUITE_FORMS)
+    # every name takes the factory's loss_scale but lamb (it asserts 1.0; lamb is excluded)
+    return Spec(build, SUITE_FORMS, loss_scale=True, mindcv=True)
 
 
 def _mindone(name: str, **kw: Any) -> Spec:
-    def build(params, lr):
+    # mindone's factory takes no loss_scale: its wrapper (a train cell) undoes the scale
+    def build(params, lr, loss_scale=1.0):
         from mindone.trainers.optim import create_optimizer
 
         return create_optimizer(params, name=name, lr=lr, **kw)
@@ -111,6 +128,7 @@ BUILD: dict[str, Spec] = {
     "nn.AdaFactor": Spec(
         _nn("AdaFactor", scale_parameter=False, relative_step=False, warmup_init=False).build,
         ("float", "list", "schedule", "parameter"),
+        loss_scale=_takes("AdaFactor", "loss_scale"),
     ),
     "nn.AdaMax": _nn("AdaMax"),
     "nn.Adadelta": _nn("Adadelta"),
@@ -118,7 +136,10 @@ BUILD: dict[str, Spec] = {
     "nn.Adam": _nn("Adam"),
     "nn.AdamOffload": _nn("AdamOffload"),
     "nn.AdamWeightDecay": _nn("AdamWeightDecay", weight_decay=0.01),
-    "nn.FTRL": Spec(_nn("FTRL").build, ("float", "parameter")),  # FTRL: a constant lr only
+    # FTRL: a constant lr only
+    "nn.FTRL": Spec(
+        _nn("FTRL").build, ("float", "parameter"), loss_scale=_takes("FTRL", "loss_scale")
+    ),
     "nn.LazyAdam": _nn("LazyAdam"),
     "nn.Momentum": _nn("Momentum", momentum=0.9),
     "nn.ProximalAdagrad": _nn("ProximalAdagrad"),

@@ -133,6 +133,34 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     )  # fmt: skip
 
 
+def fixed_update_cell(network: nn.Cell, optimizer: Any) -> nn.Cell:
+    """What MindCV's ``create_trainer(loss_scale_type="fixed", loss_scale=S,
+    drop_overflow_update=True)`` has ``Model`` build on a device (``amp.build_train_network``):
+    MindSpore's ``TrainOneStepWithLossScaleCell`` over a ``FixedLossScaleUpdateCell(S)``,
+    the optimizer's own scale 1 (MindCV's ``train.py`` gives it ``loss_scale`` only when
+    nothing else undoes it). On the CPU both refuse to build it (``EXCLUDED``), so it is
+    built here, its overflow check done by ``amp.all_finite`` (``_on_cpu``)."""
+    from tests.conformance import harness as h
+
+    cell = _on_cpu(nn.TrainOneStepWithLossScaleCell)
+    return cell(network, optimizer, scale_sense=nn.FixedLossScaleUpdateCell(h.STATIC_SCALE))
+
+
+def _mindcv_trainer_drop() -> None:
+    """MindCV's ``create_trainer`` with a fixed scale and ``drop_overflow_update=True``."""
+    from mindcv.optim import create_optimizer
+    from mindcv.utils.trainer_factory import create_trainer
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = create_optimizer(net.trainable_params(), opt="adamw", lr=h.LR)
+    create_trainer(
+        net, h.loss_function(), optimizer, None, amp_level="O0", amp_cast_list=None,
+        loss_scale_type="fixed", loss_scale=h.STATIC_SCALE, drop_overflow_update=True,
+    )  # fmt: skip
+
+
 def boost_cell(net: nn.Cell, loss_fn: nn.Cell, optimizer: Any) -> nn.Cell:
     """The train cell ``Model(net, loss_fn, optimizer, boost_level="O1", metrics=...)``
     builds: a ``BoostTrainOneStepCell`` over ``LessBN(net)`` whose optimizer is a
@@ -227,6 +255,12 @@ EXCLUDED: dict[str, tuple[str, Any, str]] = {
     "boost-model-dynamic": (
         "amp.build_train_network takes no updating loss scale on the CPU",
         _boost_dynamic_by_model,
+        "are supported on device `CPU`",
+    ),
+    "mindcv-trainer-drop": (
+        "MindCV's create_trainer builds no drop_overflow_update=True cell on the CPU "
+        "(the matrix's trainer_drop builds it as a device would: fixed_update_cell)",
+        _mindcv_trainer_drop,
         "are supported on device `CPU`",
     ),
     "boost-cell-dynamic": (
