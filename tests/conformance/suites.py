@@ -104,7 +104,8 @@ def _on_cpu(cls: type) -> type:
 
 def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case: Any) -> nn.Cell:
     """The suite's train cell for ``case.scaling`` (none, static, dynamic, clip,
-    accumulate, ema), with the harness's constants (scale, clip norm, micro-batches)."""
+    accumulate, clip_accumulate, ema), with the harness's constants (scale, clip norm,
+    micro-batches)."""
     from tests.conformance import harness as h
 
     cls, ema_cls = _classes(suite)
@@ -117,8 +118,8 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     else:
         scale = Tensor(h.STATIC_SCALE if scaling == "static" else 1.0, ms.float32)
     network = nn.WithLossCell(net, loss_fn)
-    accumulate = h.MICRO if scaling == "accumulate" else 1
-    clip = scaling == "clip"
+    accumulate = h.MICRO if scaling in h.ACCUMULATING else 1
+    clip = scaling in ("clip", "clip_accumulate")  # the second: after accumulating
     if suite == "boost":
         return boost_cell(net, loss_fn, optimizer)
     if suite == "mindcv":
