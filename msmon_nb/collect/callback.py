@@ -44,7 +44,7 @@ from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
-from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr
+from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr, unscale_received
 from msmon_nb.config import suggest_tag
 from msmon_nb.config.blame import blame_on
 
@@ -211,6 +211,8 @@ class MonitorCallback(Callback):
         seen, lr = self.tap.end()
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
+        mon = self.monitor
+        mon.guard("unscaling", unscale_received, seen, self.optimizer, False, mon.warn_once)
         if not self.monitor.config.tracks("grad_norm"):
             return None, {}
         if seen.loss_scale is None:

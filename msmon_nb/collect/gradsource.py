@@ -13,7 +13,8 @@ ways in (``collect.watch``, ``collect.callback``) report what they saw as a
   nothing is recorded under this tag and ``note`` says why (warned once).
 * ``train/grad_norm_clipped``: what the optimizer received, where the step clipped.
 * ``train/micro_grad_norm``: the largest gradient norm of the step's micro-batches, where
-  the step accumulated over several (before any clipping).
+  the step accumulated over several (before any clipping), or the one micro-batch a
+  graph train cell added into its accumulation buffer in this step.
 * ``train/loss_scale``, ``train/overflow`` (1 on a step whose loss-scaled gradients
   overflowed, whose update the step skipped; 0 on the others): where a loss scale is used.
 
@@ -69,6 +70,9 @@ class GradSeen:
     received_each: Any = None  # each of its gradients' norms (numpy), as ``received``
     optimizer_ran: bool = False
     micro: list[float] = field(default_factory=list)  # each micro-batch's produced norm
+    # the gradient a graph step added into its accumulation buffer (MindSpore's boost
+    # accumulation op: MindCV, mindone), unscaled: that step's micro-batch
+    micro_in_graph: float | None = None
     accumulating: bool = False  # the optimizer got a gradient summed over micro-batches
     overflow: bool | None = None  # None: no overflow check ran this step
     loss_scale: float | None = None
@@ -97,6 +101,8 @@ def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
         return Resolved(None, values)  # inf/nan by construction: the step skipped it
     if len(seen.micro) > 1:
         values[MICRO] = max(seen.micro)
+    elif seen.micro_in_graph is not None:  # (after a clip of each micro-batch, if any)
+        values[MICRO] = seen.micro_in_graph
     if seen.clip_input is not None:
         if seen.optimizer_ran and seen.received is not None:
             values[CLIPPED] = seen.received

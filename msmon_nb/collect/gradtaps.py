@@ -70,12 +70,13 @@ class Counts:
     clips: int = 0  # clip calls
     checks: int = 0  # loss-scale overflow checks
     overflows: int = 0  # checks that found inf/nan
+    accumulated: int = 0  # gradients added into an accumulation buffer (one per tensor)
 
     def __sub__(self, other: Counts) -> Counts:
         return Counts(*(a - b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
 
-    def astuple(self) -> tuple[int, int, int, int]:
-        return (self.optimizer, self.clips, self.checks, self.overflows)
+    def astuple(self) -> tuple[int, int, int, int, int]:
+        return (self.optimizer, self.clips, self.checks, self.overflows, self.accumulated)
 
 
 class GraphTaps:
@@ -90,12 +91,15 @@ class GraphTaps:
         self.checks = tap_scalar("msmon_overflow_checks", 0, ms.int32)
         self.scale = tap_scalar("msmon_loss_scale", 0.0, ms.float32)
         self.scales = tap_scalar("msmon_loss_scale_reads", 0, ms.int32)
+        self.micro_sq = tap_scalar("msmon_micro_sq", 0.0, ms.float32)
+        self.micro_calls = tap_scalar("msmon_micro_calls", 0, ms.int32)
         self._on = [False]  # what ``on`` holds (see OptimizerTap.set_collect)
         self._patches = Patches()
+        self._overloads = Overloads()
 
     @property
     def installed(self) -> bool:
-        return bool(self._patches)
+        return bool(self._patches) or bool(self._overloads)
 
     def install(self, recompile: bool = True) -> None:
         """Wrap what exists in this MindSpore (each piece is looked up, not assumed).
@@ -123,6 +127,12 @@ class GraphTaps:
                 # a method's original is called bound (``getattr(self, ...)``), as the
                 # optimizer tap does: MindSpore's parser treats ``self`` specially
                 self._patches.put(owner, self._attr(name), original)
+        # MindSpore's gradient accumulation op (``mindspore.boost``'s, which MindCV's
+        # and mindone's train steps import by name: the one object they all hold is
+        # changed in place, by overloading its signature again)
+        boost = _module("mindspore.boost.grad_accumulation")
+        accumulate = getattr(boost, "gradient_accumulation_op", None)
+        self._overloads.put(accumulate, ACCUMULATE, self._accumulate)
         if recompile:
             self._recompile()
 
@@ -132,9 +142,10 @@ class GraphTaps:
     def uninstall(self, recompile: bool = True) -> None:
         """Restore what ``install`` wrapped; ``recompile``: drop compiled jit graphs
         (those compiled while wrapped hold the wrappers)."""
-        if not self._patches:
+        if not self.installed:
             return
         self._patches.restore()
+        self._overloads.restore()
         if recompile:
             self._recompile()
 
@@ -148,9 +159,21 @@ class GraphTaps:
             write_scalar(self.on, int(collect))  # in place: see clip_norm()
             self._on[0] = collect
 
-    def counts(self) -> tuple[int, int, int]:
-        """(clip calls, overflow checks, overflows found) so far."""
-        return (int(self.clip_calls.item()), int(self.checks.item()), int(self.overflows.item()))
+    def counts(self) -> tuple[int, int, int, int]:
+        """(clip calls, overflow checks, overflows found, gradients accumulated) so far."""
+        return (
+            int(self.clip_calls.item()),
+            int(self.checks.item()),
+            int(self.overflows.item()),
+            int(self.micro_calls.item()),
+        )
+
+    def micro_norm(self) -> float:
+        """The norm of the gradients accumulated since the last call (then zeroed): the
+        micro-batch's, where one step accumulates one."""
+        norm = float(self.micro_sq.item()) ** 0.5
+        write_scalar(self.micro_sq, 0.0)  # in place: see clip_norm()
+        return norm
 
     def clip_norm(self) -> float:
         """The norm of what the clip calls received since the last call (then zeroed)."""
@@ -242,6 +265,21 @@ class GraphTaps:
 
         return _grad_unscale_map
 
+    def _accumulate(self, original: Any) -> Any:
+        on, total, calls = self.on, self.micro_sq, self.micro_calls
+
+        # one call per gradient tensor, before it is added into the buffer (MindCV and
+        # mindone unscale first): the micro-batch's own gradient
+        def accumulate(accumulation_step, cumulative_grad, grad):
+            token = ops.assign_add(calls, _ONE)
+            if on > 0:
+                token = ops.depend(_ONE, ops.assign_add(total, square_sum(grad)))
+            else:
+                token = ops.depend(_ZERO, token)
+            return original(accumulation_step, cumulative_grad, ops.depend(grad, token))
+
+        return accumulate
+
     def _all_finite(self, original: Any) -> Any:
         flag, checks = self.overflows, self.checks
 
@@ -252,6 +290,56 @@ class GraphTaps:
             return ops.depend(finite, mark)
 
         return _all_finite
+
+
+# the signature of ``mindspore.boost.grad_accumulation.gradient_accumulation_op``:
+# (accumulation steps, buffer, gradient)
+ACCUMULATE = ("Int64", "Tensor", "Tensor")
+
+
+class Overloads:
+    """Overloads of MindSpore ``MultitypeFuncGraph`` objects replaced in place, and put
+    back: ``register`` again for a signature replaces its function inside MindSpore
+    (checked on 2.10: a graph compiled after calls the new one), so every module that
+    imported the object by name sees the wrapper, and the original after ``restore``."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, tuple[str, ...], Any, list]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.saved)
+
+    def put(self, graph: Any, signature: tuple[str, ...], make: Any) -> None:
+        """Overload ``graph`` for ``signature`` with ``make(original)``; nothing where
+        ``graph`` has no function for it."""
+        original = overloaded(graph, signature)
+        if original is None:
+            return
+        entries = list(graph.entries)
+        graph.register(*signature)(make(original))
+        self.saved.append((graph, signature, original, entries))
+
+    def restore(self) -> None:
+        for graph, signature, original, entries in reversed(self.saved):
+            graph.register(*signature)(original)
+            graph.entries[:] = entries
+        self.saved.clear()
+
+
+def overloaded(graph: Any, signature: tuple[str, ...]) -> Any:
+    """The function ``graph`` (a ``MultitypeFuncGraph``) runs for ``signature``; None
+    where it has none, or this MindSpore keeps its overloads otherwise (feature
+    detection: ``entries`` and ``typing.str_to_type`` as MindSpore's own ``register``
+    uses them)."""
+    entries = getattr(graph, "entries", None)
+    to_type = getattr(getattr(ms.dtype, "typing", None), "str_to_type", None)
+    if not isinstance(entries, list) or to_type is None:
+        return None
+    wanted = tuple(to_type(name) for name in signature)
+    for types, fn in reversed(entries):  # (a later register replaces an earlier one)
+        if tuple(types) == wanted:
+            return fn
+    return None
 
 
 _CLIP_NAME = re.compile(r"clip.*norm|norm.*clip", re.IGNORECASE)
@@ -402,8 +490,7 @@ class StepTaps:
         self.graph.set_collect(collect)
 
     def counts(self) -> Counts:
-        clips, checks, overflows = self.graph.counts()
-        return Counts(self.optimizer.read_count(), clips, checks, overflows)
+        return Counts(self.optimizer.read_count(), *self.graph.counts())
 
     def begin(self, steps_between: int = 0) -> None:
         """Before a collected step; ``steps_between``: uncollected steps since the last
@@ -439,6 +526,9 @@ class StepTaps:
             seen.clip_input = self.graph.clip_norm()
         if step.checks > 0:
             seen.overflow = step.overflows > 0
+        if step.accumulated > 0:  # this step added its gradient into a buffer
+            seen.accumulating = True
+            seen.micro_in_graph = self.graph.micro_norm()
         scales = self.graph.scale_count()
         if scales > reading.scales:
             reading.scales = scales

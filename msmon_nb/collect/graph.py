@@ -26,6 +26,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from msmon_nb.collect.hooks import optimizer_bases, subclasses
+from msmon_nb.collect.unscale import OWN, undo_rule
 from msmon_nb.config.cards import CARDS
 
 # how many per-gradient norms the optimizer tap keeps (16 KB); an optimizer with more
@@ -201,8 +202,10 @@ class OptimizerTap:
             if _takes_gradients_only(original):
                 self._saved.append((cls, "construct", original))
                 setattr(cls, self._attr("construct"), original)
-                scaled = issubclass(cls, nn.Optimizer)  # has loss_scale, need_scale
-                wrapper = _tapped(self._attr("construct"), self, self.gate, scaled)
+                # how its construct undoes a loss scale (collect.unscale); the experimental
+                # API's optimizers hold none
+                undo = undo_rule(cls).kind if issubclass(cls, nn.Optimizer) else None
+                wrapper = _tapped(self._attr("construct"), self, self.gate, undo)
                 if self.gate is not None:
                     # PyNative calls run it as one compiled graph, like the original
                     # (jit-decorated) construct, not op by op (about 3x the step time of
@@ -392,7 +395,7 @@ _GRAD = Tensor(CARDS["grad_explosion"].skip_code, ms.int32)
 _LOSS = Tensor(CARDS["loss_spike"].skip_code, ms.int32)
 
 
-def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True) -> Any:
+def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, undo: str | None = None) -> Any:
     """The wrapper put in place of an optimizer class's ``construct``.
 
     The original is called as a method (``getattr(self, attr)``), never as
@@ -401,11 +404,13 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
     cell the method is bound to; called as a plain function, Adam's beta powers stopped
     advancing after the first step (seen on 2.10 and 2.7.1, PyNative and graph).
 
-    The stored norm is of the gradients divided by the optimizer's ``loss_scale``
+    The stored norm is of the gradients with the optimizer's own loss scale undone
     (``FixedLossScaleManager(drop_overflow_update=False)`` hands the optimizer gradients
-    scaled by it, and the optimizer divides them itself): the gradient it applies.
-    ``scaled``: the class has that ``loss_scale`` (``nn.Optimizer``'s; the experimental
-    API's optimizers have none).
+    scaled by it, and the optimizer divides them itself), the way its class's code does
+    it (``undo``, ``collect.unscale``): times ``reciprocal_scale`` where ``need_scale``
+    (``nn.Optimizer``'s convention), or always (``OWN``: MindCV's AdamW and Lion keep their
+    own). None: the class holds no loss scale (the experimental API's optimizers). Where
+    the code does not show it, the host drops the value (``unscale.received_factor``).
 
     With a ``gate`` (``collect.skip.SkipGate``) the update is conditional: it runs when
     the gradients' global norm is below the gate's limit and the step's loss (when a
@@ -418,6 +423,7 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
     """
     norm, count, on, mode, sparse = tap.norm, tap.count, tap.on, tap.mode, tap.sparse
     each, keeps = tap.each, tap.keeps_each
+    scaled, own = undo is not None, undo == OWN
     gated = gate is not None
     if gated:
         limit, loss_limit, loss, fresh = gate.limit, gate.loss_limit, gate.loss, gate.fresh
@@ -437,12 +443,12 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, scaled: bool = True)
         # of ``construct`` call it, inlined where the graph compiles
         squares = [square_sum(g) for g in gradients]
         total = ops.sqrt(ops.addn(squares))
-        if scaled and self.need_scale:
+        if own or (scaled and self.need_scale):
             total = total * self.reciprocal_scale
         stored = ops.assign(norm, total)
         if keeps:
             norms = ops.sqrt(ops.stack(squares))
-            if scaled and self.need_scale:
+            if own or (scaled and self.need_scale):
                 norms = norms * self.reciprocal_scale
             stored = ops.depend(stored, keep_each(each, norms, len(squares)))
         return total, stored

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msmon_nb.collect.devnorm import launch_global_norm
+from msmon_nb.collect.gradsource import GradSeen
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
+from msmon_nb.collect.unscale import received_factor
 from msmon_nb.config import MonitorConfig, suggest_tag
 from msmon_nb.metrics.norms import global_norm, sum_of_squares
 
@@ -130,10 +132,21 @@ def cell_loss_scale(cell: Any) -> float | None:
     return None
 
 
-def optimizer_loss_scale(optimizer: Any) -> float:
-    """The ``loss_scale`` an optimizer divides its gradients by (1 for most)."""
-    scale = getattr(optimizer, "loss_scale", 1.0)
-    return float(scale) if isinstance(scale, int | float) and scale > 0 else 1.0
+def unscale_received(seen: GradSeen, optimizer: Any, multiply: bool, warn: Any) -> None:
+    """Bring ``seen.received`` (what ``optimizer`` received) to the unscaled gradient
+    with the loss-scale undo of the optimizer's own code (``unscale.received_factor``:
+    1 for most): ``multiply`` for a norm taken in Python, only checked for the tap's,
+    which multiplied inside the graph. Where the factor cannot be proven the value is
+    dropped; ``warn(key, message)`` (the recorder's ``warn_once``) says why."""
+    if seen.received is None or optimizer is None:
+        return
+    factor, note = received_factor(optimizer, to_float)
+    if note is not None:
+        warn(note, note)
+    if factor is None:
+        seen.received = seen.received_each = None
+    elif multiply:
+        seen.received *= factor
 
 
 def norm_now(grads: Any) -> float | None:

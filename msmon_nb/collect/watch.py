@@ -50,13 +50,14 @@ from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
+from msmon_nb.collect.unscale import received_factor
 from msmon_nb.collect.values import (
     cell_loss_scale,
     lr_on_host,
     norm_now,
-    optimizer_loss_scale,
     read_global_step,
     read_lr,
+    unscale_received,
 )
 from msmon_nb.config.blame import blame_on
 
@@ -705,9 +706,12 @@ class Watch:
             scale = seen.loss_scale or 1.0
         else:
             produced = self.reduced if self.reduced is not None else self.grads
+            # no amp scaler seen: an optimizer made with loss_scale=S says its gradients
+            # arrive scaled by S, as MindSpore's own loss_scale= means (collect.unscale)
+            own = None if self.amp_scale else self._guard(self._optimizer_scale)
             if seen.loss_scale is None:
-                seen.loss_scale = self.amp_scale
-            scale = self.amp_scale or 1.0
+                seen.loss_scale = self.amp_scale or own
+            scale = self.amp_scale or own or 1.0
         seen.accumulating = seen.accumulating or self.calls > 1
         if self.grad_norm is not None and not seen.optimizer_ran:
             # a jit step's second output, a scalar: ``return loss, mm.global_norm(grads)``
@@ -722,13 +726,17 @@ class Watch:
                     seen.produced /= scale
         if seen.produced is not None and self.micro:
             seen.micro = [*self.micro, seen.produced]
+        in_python = False  # seen.received is a norm taken here, not the tap's
         if self.opt_grads is not None:
             seen.optimizer_ran = True
             unseen = seen.produced is None and not seen.produced_later
             if seen.clip_input is not None or seen.accumulating or unseen:
                 got = self._guard(norm_now, self.opt_grads)
                 if got is not None:
-                    seen.received = got / (self._guard(optimizer_loss_scale, self.opt) or 1.0)
+                    seen.received, in_python = got, True
+        if seen.received is not None:  # its own loss-scale undo (collect.unscale)
+            opt = self.opt if self.opt is not None else self._step_optimizer()
+            self._guard(unscale_received, seen, opt, in_python, self.monitor.warn_once)
         per_micro = tap.pattern.per_micro_clip if tap is not None else False
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
@@ -824,6 +832,15 @@ class Watch:
             known = (self.owner, self._guard(find_optimizer, self.owner))
             self._owners[id(self.owner)] = known
         return known[1]
+
+    def _optimizer_scale(self) -> float | None:
+        """The loss scale the step's optimizer undoes itself (``loss_scale=`` in its own
+        way: ``collect.unscale``), where it holds one; None for most."""
+        opt = self.opt if self.opt is not None else self._step_optimizer()
+        if opt is None:
+            return None
+        factor, _ = received_factor(opt, to_float)
+        return 1.0 / factor if factor and factor != 1.0 else None
 
     def _tapped_names(self) -> tuple[str, ...]:
         """The names of the parameters whose gradient norms the optimizer tap keeps for

@@ -81,6 +81,9 @@ STATIC_SCALE = 1024.0
 # its scaled gradients overflow (its unscaled ones are finite): the injected overflow
 DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW, POISON = 2.0**120, 16, 2, 1e4
 CLIP = 0.05  # below every step's gradient norm here, so every step clips
+# suites whose train cells accumulate with MindSpore's own accumulation op
+# (``mindspore.boost.grad_accumulation``), seen inside their graphs: micro_grad_norm
+MICRO_IN_GRAPH = ("mindcv", "mindone")
 MICRO = 2  # micro-batches per update under "accumulate"
 ACCUMULATING = ("accumulate", "clip_accumulate")  # (the second: a suite cell's only)
 SPLIT = 3  # the plain arm's steps before the monitored arm; the rest train after it
@@ -159,6 +162,7 @@ class Arm:
     scales: list[float] = field(default_factory=list)
     norms: list[float | None] = field(default_factory=list)  # plain arm: the reference
     micro: list[float] = field(default_factory=list)  # plain arm: largest micro-batch norm
+    own: list[float] = field(default_factory=list)  # plain arm: the step's last batch's norm
     weights: list[dict] = field(default_factory=list)  # plain arm: at each step's start
     state: dict[str, np.ndarray] = field(default_factory=dict)
     run: Any = None
@@ -252,9 +256,10 @@ def pynative() -> Iterator[None]:
 
 def reference_norms(
     weights: list[dict], windows: list[list], suite: str = "", precision: str = "fp32"
-) -> tuple[list, list]:
+) -> tuple[list, list, list]:
     """For each step: (norm of the mean gradient of the unscaled loss over its batches,
-    largest norm of one batch's), in float64, with the weights the step started from.
+    largest norm of one batch's, the norm of its last batch's -- the step's own, where a
+    cell accumulates across calls), in float64, with the weights the step started from.
 
     Taken after the plain run, in PyNative on a fresh copy of the model that is given each
     step's weights: no graph to compile (in a graph-mode case it would be a third), and
@@ -274,27 +279,30 @@ def reference_norms(
             return loss_fn(net(x), y)
 
         grad = ms.value_and_grad(forward, None, list(params.values()))
-        norms, largest = [], []
+        norms, largest, lasts = [], [], []
         for step_weights, micro in zip(weights, windows, strict=True):
             for name, value in step_weights.items():
                 # a suite's cells may prefix the names (MindCV's accumulation cell holds
                 # the optimizer: "optimizer.0.weight")
                 (own,) = [n for n in params if name == n or name.endswith("." + n)]
                 params[own].set_data(Tensor(value))
-            norm, big = _norm(grad, micro)
+            norm, big, last = _norm(grad, micro)
             norms.append(norm)
             largest.append(big)
-    return norms, largest
+            lasts.append(last)
+    return norms, largest, lasts
 
 
-def _norm(grad: Callable, micro: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
-    total, largest = None, 0.0
+def _norm(grad: Callable, micro: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
+    total, largest, last = None, 0.0, 0.0
     for x, y in micro:
         _, grads = grad(Tensor(x), Tensor(y))
         arrays = [g.asnumpy().astype(np.float64) for g in grads]
-        largest = max(largest, math.sqrt(sum(float((a * a).sum()) for a in arrays)))
+        last = math.sqrt(sum(float((a * a).sum()) for a in arrays))
+        largest = max(largest, last)
         total = arrays if total is None else [a + b for a, b in zip(total, arrays, strict=True)]
-    return math.sqrt(sum(float(((g / len(micro)) ** 2).sum()) for g in total)), largest
+    mean = math.sqrt(sum(float(((g / len(micro)) ** 2).sum()) for g in total))
+    return mean, largest, last
 
 
 # --- the steps users write ---------------------------------------------------------------
@@ -520,7 +528,7 @@ class Training:
         self.arm.state = state_of(self.net, self.optimizer, *cells)
         if self.plain:
             case = self.case
-            self.arm.norms, self.arm.micro = reference_norms(
+            self.arm.norms, self.arm.micro, self.arm.own = reference_norms(
                 self.arm.weights, self.windows, case.suite, case.precision
             )
 
@@ -719,6 +727,13 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
         if case.loop == "pynative":  # each micro-batch's gradient is seen where produced
             for i in collected:
                 assert math.isclose(micro[i], plain.micro[i], rel_tol=1e-3), f"micro at {i}"
+        elif case.loop in ("cell", "model") and case.suite in MICRO_IN_GRAPH:
+            # each call adds its micro-batch's gradient with MindSpore's accumulation op,
+            # which the taps see inside the graph
+            assert sorted(micro) == collected, f"micro_grad_norm at {sorted(micro)}"
+            for i in collected:
+                assert math.isclose(micro[i], plain.own[i], rel_tol=1e-3), f"micro at {i}"
+            assert not any("micro_grad_norm is not recorded" in w for w in mon.warnings)
         elif case.loop in ("cell", "model"):  # inside the cell's graph: said once, not faked
             assert not micro
             assert sum("micro_grad_norm is not recorded" in w for w in mon.warnings) == 1

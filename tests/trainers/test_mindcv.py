@@ -14,6 +14,8 @@ the real norm.
 
 from __future__ import annotations
 
+import warnings
+
 import mindspore as ms
 import mindspore.dataset as mds
 import numpy as np
@@ -23,6 +25,8 @@ from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
 
+from msmon_nb.collect.tensors import to_float
+from msmon_nb.collect.unscale import CONVENTION, OWN, undo_rule
 from msmon_nb.collect.values import read_lr
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
@@ -128,12 +132,18 @@ def test_grad_norm_is_unscaled_and_before_clipping(tmp_path, twins, clip, ema):
 def test_accumulation_records_the_applied_gradient(tmp_path, twins):
     """``gradient_accumulation_steps=2``: MindCV adds grad/2 of each micro-batch and steps
     the optimizer on every second ``Model.train`` step: grad_norm is the norm of that
-    mean, on the steps that apply it. No micro-batch's own gradient leaves MindCV's graph:
-    one warning says micro_grad_norm is not recorded."""
+    mean, on the steps that apply it. Each step's micro-batch gradient is seen inside
+    MindCV's graph, where MindSpore's accumulation op adds it to the buffer:
+    micro_grad_norm is that micro-batch's norm on every step (before, one warning said it
+    was not recorded)."""
     ref, plain_net = twins(accumulate=2)
-    with pytest.warns(UserWarning, match="micro_grad_norm is not recorded"):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         net, mon, run = monitored(tmp_path, accumulate=2)
-    assert "train/micro_grad_norm" not in run.tags  # never a micro-batch's: said instead
+    assert not [w for w in said if "micro_grad_norm is not recorded" in str(w.message)]
+    micro = run.scalars("train/micro_grad_norm")
+    assert micro.steps.tolist() == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(micro.values, ref.norms, rtol=1e-3)
     grad_norm = run.scalars("train/grad_norm")
     assert grad_norm.steps.tolist() == list(range(2, STEPS + 1, 2))
     expected = [ref.accumulated_norm(s - 2, 2) for s in grad_norm.steps]
@@ -173,6 +183,50 @@ def test_under_a_watch_the_callback_is_added_and_taps_do_not_stack(tmp_path, twi
     np.testing.assert_allclose(run.scalars("train/grad_norm_clipped").values, 0.5, rtol=1e-3)
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), ref_net.trainable_params())
+
+
+@pytest.mark.parametrize("opt", ["adamw", "lion", "nadam", "adan"])
+def test_the_loss_scale_is_undone_however_the_optimizer_undoes_it(tmp_path, opt):
+    """MindCV's documented fixed-scale recipe: ``create_optimizer(..., loss_scale=1024)``
+    and ``create_trainer(..., loss_scale_type="fixed", loss_scale=1024,
+    drop_overflow_update=False)``, which builds MindSpore's ``Model`` with a
+    ``TrainOneStepCell(sens=1024)``: the optimizer receives 1024x the gradient. AdamW and
+    Lion undo it with a ``reciprocal_scale`` of their own (``need_scale`` stays False:
+    grad_norm read 1024x before), Adan by ``nn.Optimizer``'s convention, and NAdam never
+    (its update uses the scaled gradients: said once; grad_norm is still the unscaled
+    one). A linear classifier: the optimizer, loss and trainer are MindCV's."""
+
+    def make():
+        ms.set_seed(0)
+        net = ms.nn.SequentialCell([ms.nn.Flatten(), ms.nn.Dense(3 * 32 * 32, 10)])
+        optimizer = create_optimizer(net.trainable_params(), opt=opt, lr=1e-3, loss_scale=1024.0)
+        loss = create_loss(name="CE")
+        model = create_trainer(
+            net, loss, optimizer, metrics=None, amp_level="O0", amp_cast_list=None,
+            loss_scale_type="fixed", loss_scale=1024.0, drop_overflow_update=False,
+        )  # fmt: skip
+        return net, loss, model
+
+    x, y = data()
+    batches = [
+        (ms.Tensor(x[i : i + BATCH]), ms.Tensor(y[i : i + BATCH])) for i in range(0, len(y), BATCH)
+    ]
+    plain_net, loss, model = make()
+    ref = Reference(ms.nn.WithLossCell(plain_net, loss), plain_net.trainable_params(), batches)
+    train(model, [ref])
+    net, _, model = make()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
+            train(model, [mon.callback()])
+    run = load_run(mon.run_dir)
+    grad_norm = run.scalars("train/grad_norm")
+    assert grad_norm.steps.tolist() == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(grad_norm.values, ref.norms, rtol=1e-3)
+    never = [str(w.message) for w in said if "never divides" in str(w.message)]
+    assert len(never) == (1 if opt == "nadam" else 0), never
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
 @pytest.mark.parametrize("opt", ["adamw", "lion", "adan"])
@@ -229,3 +283,21 @@ def test_mindcv_adamw_global_step_never_moves() -> None:
     for _ in range(5):
         assert read_lr(opt) == pytest.approx(0.1)
     assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 0
+
+
+def test_mindcv_optimizers_rules():
+    """MindCV 0.3.0: AdamW and Lion undo the scale with their own reciprocal (need_scale
+    stays False); Adan by the convention; NAdam is told the scale and never undoes it."""
+    kinds = {}
+    for name in ("adamw", "lion", "adan", "nadam", "momentum", "sgd"):
+        opt = create_optimizer(
+            ms.nn.Dense(3, 2).trainable_params(), opt=name, lr=0.1, loss_scale=1024.0
+        )
+        rule = undo_rule(type(opt))
+        kinds[name] = (rule.kind, rule.undoes, rule.factor(opt, to_float))
+    assert kinds["adamw"] == (OWN, True, pytest.approx(1 / 1024))
+    assert kinds["lion"] == (OWN, True, pytest.approx(1 / 1024))
+    assert kinds["adan"] == (CONVENTION, True, pytest.approx(1 / 1024))
+    assert kinds["nadam"] == (CONVENTION, False, pytest.approx(1 / 1024))
+    assert kinds["momentum"][2] == pytest.approx(1 / 1024)
+    assert kinds["sgd"][2] == pytest.approx(1 / 1024)
