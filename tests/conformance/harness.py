@@ -707,6 +707,9 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
             assert math.isclose(lr[i], plain.lrs[i], rel_tol=rtol), (
                 f"learning_rate at step {i}: {lr[i]} recorded, {plain.lrs[i]} used"
             )
+    # float16 gradients of the compiled graph and of the PyNative twin round differently
+    # (0.32% seen at O3): the norms' tolerance is float16's, 1e-2, as for the trainers'
+    tol = 1e-3 if case.precision == "fp32" else 1e-2
     norms = _series(run, "train/grad_norm", first)
     for i in collected:
         expected = plain.norms[i] if plain.applied[i] and not plain.overflow[i] else None
@@ -714,25 +717,25 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
             assert i not in norms, f"grad_norm at step {i}, which applied no update"
             continue
         assert i in norms, f"no grad_norm at step {i}; warnings: {mon.warnings}"
-        assert math.isclose(norms[i], expected, rel_tol=1e-3), (
+        assert math.isclose(norms[i], expected, rel_tol=tol), (
             f"grad_norm at step {i}: {norms[i]} recorded, {expected} by the contract"
         )
     if case.scaling in ("clip", "clip_accumulate"):  # (accumulating: on updates only)
         clipped = _series(run, "train/grad_norm_clipped", first)
         for i in collected:
             if plain.applied[i]:
-                assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=1e-3)
+                assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=tol)
     if case.scaling in ACCUMULATING:
         micro = _series(run, "train/micro_grad_norm", first)
         if case.loop == "pynative":  # each micro-batch's gradient is seen where produced
             for i in collected:
-                assert math.isclose(micro[i], plain.micro[i], rel_tol=1e-3), f"micro at {i}"
+                assert math.isclose(micro[i], plain.micro[i], rel_tol=tol), f"micro at {i}"
         elif case.loop in ("cell", "model") and case.suite in MICRO_IN_GRAPH:
             # each call adds its micro-batch's gradient with MindSpore's accumulation op,
             # which the taps see inside the graph
             assert sorted(micro) == collected, f"micro_grad_norm at {sorted(micro)}"
             for i in collected:
-                assert math.isclose(micro[i], plain.own[i], rel_tol=1e-3), f"micro at {i}"
+                assert math.isclose(micro[i], plain.own[i], rel_tol=tol), f"micro at {i}"
             assert not any("micro_grad_norm is not recorded" in w for w in mon.warnings)
         elif case.loop in ("cell", "model"):  # inside the cell's graph: said once, not faked
             assert not micro
