@@ -52,6 +52,7 @@ BENCHES = (
     Bench("control", (), ("--steps", "20000", "--rounds", "2")),
     Bench("diagnose", (), ("--steps", "2000", "--rounds", "1", "--mlp-steps", "5")),
     Bench("detect", (), ("--smoke",)),
+    Bench("relapse", (), ("--smoke",)),
     Bench("blame", (), ("--smoke",)),
     Bench("overhead", ("--rounds", "10"),
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),

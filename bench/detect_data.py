@@ -78,11 +78,13 @@ def with_frozen(path: Path = FROZEN) -> dict[str, list[tuple[Spec, Curves]]]:
     return out
 
 
-def _pack(values: Iterable[float], dtype: str) -> str:
+def pack(values: Iterable[float], dtype: str) -> str:
+    """``values`` as base64 of little-endian ``dtype`` bytes (the frozen files' form)."""
     return base64.b64encode(np.asarray(list(values), dtype=dtype).tobytes()).decode()
 
 
-def _unpack(text: str, dtype: str) -> list[float]:
+def unpack(text: str, dtype: str) -> list[float]:
+    """What ``pack`` wrote, as floats."""
     return np.frombuffer(base64.b64decode(text), dtype=dtype).astype(np.float64).tolist()
 
 
@@ -94,14 +96,14 @@ def freeze(runs: dict[str, list[tuple[Spec, Curves]]], path: Path = FROZEN) -> i
         for spec, rec in pairs:
             row: dict[str, Any] = {
                 "spec": asdict(spec),
-                "loss": _pack(rec["loss"], "<f4"),
-                "grad_norm": _pack(rec["grad_norm"], "<f4"),
+                "loss": pack(rec["loss"], "<f4"),
+                "grad_norm": pack(rec["grad_norm"], "<f4"),
             }
             if timed(spec):
-                row["data_ms"] = _pack((1e3 * t for t in rec["data"]), "<f2")
-                row["compute_ms"] = _pack((1e3 * t for t in rec["compute"]), "<f2")
+                row["data_ms"] = pack((1e3 * t for t in rec["data"]), "<f2")
+                row["compute_ms"] = pack((1e3 * t for t in rec["compute"]), "<f2")
             row["opt"] = {
-                tag: _pack(v, "<f4") for tag, v in rec["opt"].items() if tag.endswith(MOMENT_SUFFIX)
+                tag: pack(v, "<f4") for tag, v in rec["opt"].items() if tag.endswith(MOMENT_SUFFIX)
             }
             rows.append(row)
         out["sets"][which] = rows
@@ -126,16 +128,16 @@ def thaw(path: Path = FROZEN) -> dict[str, list[tuple[Spec, Curves]]]:
         pairs = []
         for row in rows:
             spec = _spec(row["spec"])
-            loss = _unpack(row["loss"], "<f4")
+            loss = unpack(row["loss"], "<f4")
             rec: Curves = {
                 "loss": loss,
-                "grad_norm": _unpack(row["grad_norm"], "<f4"),
+                "grad_norm": unpack(row["grad_norm"], "<f4"),
                 "lr": lr_list(spec),
-                "opt": {tag: _unpack(v, "<f4") for tag, v in row["opt"].items()},
+                "opt": {tag: unpack(v, "<f4") for tag, v in row["opt"].items()},
             }
             if "data_ms" in row:
-                rec["data"] = [1e-3 * t for t in _unpack(row["data_ms"], "<f2")]
-                rec["compute"] = [1e-3 * t for t in _unpack(row["compute_ms"], "<f2")]
+                rec["data"] = [1e-3 * t for t in unpack(row["data_ms"], "<f2")]
+                rec["compute"] = [1e-3 * t for t in unpack(row["compute_ms"], "<f2")]
             else:
                 rec["data"] = rec["compute"] = [0.0] * len(loss)
             pairs.append((spec, rec))

@@ -66,7 +66,8 @@ class Spec:
     rate: float = 1.0  # growth per step (lr ramp, gradient-scale ramp), lr jump factor
     # sleep (data stall), q/back/ramp/beta2 (adam spike); converged runs: samples (a
     # set to memorise), sep (blob centres x sep: separable), pretrain ({steps, opt, lr}:
-    # trained first, unrecorded), shift (fine-tuning targets from w + shift x another w)
+    # trained first, unrecorded), shift (fine-tuning targets from w + shift x another w),
+    # noise (regress: the targets' noise, 0.1 unless given)
     extra: dict = field(default_factory=dict)
     model: str = "mlp"  # mlp | conv | transformer | linear
 
@@ -418,7 +419,8 @@ def build_data(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.nda
         def targets(w: np.ndarray) -> np.ndarray:
             if spec.task == "linear":
                 return (x @ w).astype(np.float32)
-            return (np.tanh(x @ w) + 0.1 * rng.normal(size=(n, 1))).astype(np.float32)
+            noise = spec.extra.get("noise", 0.1)  # the regression's floor: noise^2
+            return (np.tanh(x @ w) + noise * rng.normal(size=(n, 1))).astype(np.float32)
 
         y = y_pre = targets(w)
         if shift is not None:  # a related task: the weights moved by shift x another draw

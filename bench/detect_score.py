@@ -87,7 +87,7 @@ def series(spec: Any, rec: dict[str, Any]) -> dict[str, tuple[list[int], list[fl
         "train/grad_norm": (steps, rec["grad_norm"]),
         "train/learning_rate": (steps, rec["lr"]),
     }
-    if spec.failure in (None, "data_stall"):
+    if spec.failure in (None, "data_stall") and "data" in rec:  # not timed: not fed
         out[DATA_TAG] = (steps, rec["data"])
         out[COMPUTE_TAG] = (steps, rec["compute"])
     for tag, values in rec.get("opt", {}).items():
@@ -271,9 +271,16 @@ def false_alarm_rate(detector: Detector, healthy: Iterable[Run]) -> float:
     return 1e4 * alerts / max(steps, 1)
 
 
-def evaluate(runs: Iterable[Run], detector: Detector, accept: dict[str, set[str]]) -> dict:
-    """Per failure kind: runs, hits, delays, leads (and runs that blew up); healthy false
-    alarms and their steps; alerts before the onset of failure runs."""
+def evaluate(
+    runs: Iterable[Run],
+    detector: Detector,
+    accept: dict[str, set[str]],
+    lead_kinds: Sequence[str] = LEAD_KINDS,
+    blowup: Callable[[Any, Sequence[float]], int | None] = blowup_step,
+) -> dict:
+    """Per failure kind (in ``accept``'s order): runs, hits, delays, leads before the
+    ``blowup`` of the ``lead_kinds`` (and runs that blew up); healthy false alarms and
+    their steps; alerts before the onset of failure runs."""
     kinds: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {"fa": 0, "healthy_steps": 0, "early": 0, "pre_onset_steps": 0}
     out["fa_converged"] = out["converged_steps"] = 0  # the converged runs' share (issue 36)
@@ -298,14 +305,14 @@ def evaluate(runs: Iterable[Run], detector: Detector, accept: dict[str, set[str]
         out["early"] += sum(1 for s, _ in alerts if s < spec.onset)
         out["pre_onset_steps"] += spec.onset
         good = [s for s, kind in alerts if s >= spec.onset and kind in accept[spec.failure]]
-        blow = blowup_step(spec, rec["loss"]) if spec.failure in LEAD_KINDS else None
+        blow = blowup(spec, rec["loss"]) if spec.failure in lead_kinds else None
         k["blowups"] += blow is not None
         if good:
             k["hits"] += 1
             k["delay"].append(good[0] - spec.onset)
             if blow is not None:
                 k["lead"].append(blow - good[0])
-    out["kinds"] = {kind: kinds[kind] for kind in ACCEPT if kind in kinds}
+    out["kinds"] = {kind: kinds[kind] for kind in accept if kind in kinds}
     out["fa_per_10k"] = 1e4 * out["fa"] / max(out["healthy_steps"], 1)
     return out
 
@@ -365,9 +372,10 @@ def _rate(alerts: int, steps: int) -> str:
     return f"{1e4 * alerts / max(steps, 1):.1f} ({alerts} in {steps})"
 
 
-def table(results: dict[str, dict], title: str) -> str:
-    """The detection table of one set: a row per failure kind, a column per detector;
-    a set of healthy runs only has the false-alarm row alone."""
+def table(results: dict[str, dict], title: str, lead_kinds: Sequence[str] = LEAD_KINDS) -> str:
+    """The detection table of one set: a row per failure kind, a column per detector
+    (leads shown for ``lead_kinds``); a set of healthy runs only has the false-alarm row
+    alone."""
     names = list(results)
     sums = {name: summary(r) for name, r in results.items()}
     kinds = list(next(iter(sums.values())))
@@ -378,10 +386,10 @@ def table(results: dict[str, dict], title: str) -> str:
     lines += [head, "-" * len(head)]
     for kind in kinds:
         first = sums[names[0]][kind]
-        blew = str(first["blowups"]) if kind in LEAD_KINDS else ""
+        blew = str(first["blowups"]) if kind in lead_kinds else ""
         line = f"{kind:16} {first['runs']:>4} {blew:>4}"
         for name in names:
-            line += f" | {_cell(sums[name].get(kind), kind in LEAD_KINDS):>{width}}"
+            line += f" | {_cell(sums[name].get(kind), kind in lead_kinds):>{width}}"
         lines.append(line)
     if kinds:
         lines.append("-" * len(head))

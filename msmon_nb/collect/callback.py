@@ -41,7 +41,9 @@ from mindspore.train import Callback
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
+from msmon_nb.collect.parts import Namer
 from msmon_nb.collect.recorder import StepInputs
+from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, values_for
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr, unscale_received
@@ -87,6 +89,12 @@ class MonitorCallback(Callback):
         self._blame = blame_on(monitor.config)
         self._names: tuple[str, ...] = ()
         self._norms: tuple[list[str], Any] | None = None
+        self._mixed = False  # several optimizers stepped in the last step's graph
+        self._several: dict[str, float] = {}  # then each one's values (collect.several)
+        self._lrs: dict[int, float] = {}  # each held optimizer's lr before the step
+        self._namer = Namer()
+        self._held: tuple[Any, list[Any]] | None = None
+        self._calls: list[tuple[int, float]] = []
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -132,6 +140,9 @@ class MonitorCallback(Callback):
         self._lr = None
         self._scale = None
         if self._collect:
+            held = self._held_optimizers()
+            if len(held) > 1:  # each one's, should several step (collect.several)
+                self._lrs = mon.guard("reading the learning rates", read_lrs, held, read_lr) or {}
             if self._wants_lr() and (self.tap is None or not lr_in_graph(self.optimizer)):
                 # before the update moves global_step (or a callback changes the lr)
                 self._lr = mon.guard("reading the learning rate", read_lr, self.optimizer)
@@ -158,6 +169,22 @@ class MonitorCallback(Callback):
         loss = cb.net_outputs if collect else None
         if extra and mon.guard("reading the loss", scaling_artifact, extra, loss):
             loss = None
+        if self._mixed:  # each optimizer's values instead (collect.several)
+            held = mon.guard("finding the optimizers", optimizers_held, self.network) or []
+            calls = mon.guard("telling the optimizers apart", attribute, self._calls, held)
+            outputs = cb.net_outputs
+            got = mon.guard(
+                "recording each optimizer",
+                values_for,
+                calls,
+                len(self._calls),
+                outputs,
+                self._lrs,
+                self._namer,
+                mon.warn_once,
+            )
+            extra = {**(extra or {}), **(got or {})}
+            loss = self._lr = None
         # the parameters (references, no copy): param_stats reads them, and blame's
         # detail after an alert reads their weights
         wants_params = (
@@ -177,6 +204,7 @@ class MonitorCallback(Callback):
             param_norms=self._norms if collect else None,
         )
         self._norms = None
+        self._mixed = False
         mon.record_step(inputs, collect=collect)
         if mon.boundary(raise_stop=False):
             run_context.request_stop()
@@ -201,6 +229,13 @@ class MonitorCallback(Callback):
         self.release()
         self.monitor.guard("flushing", self.monitor.flush)
 
+    def _held_optimizers(self) -> list[Any]:
+        """The optimizers the train network holds (looked up once per network)."""
+        if self._held is None or self._held[0] is not self.network:
+            found = self.monitor.guard("finding the optimizers", optimizers_held, self.network)
+            self._held = (self.network, found or [])
+        return self._held[1]
+
     def _wants_lr(self) -> bool:
         return self.optimizer is not None and self.monitor.config.tracks("learning_rate")
 
@@ -212,14 +247,17 @@ class MonitorCallback(Callback):
         if lr is not None and self.monitor.config.tracks("learning_rate"):
             self._lr = lr
         mon = self.monitor
-        mon.guard("unscaling", unscale_received, seen, self.optimizer, False, mon.warn_once)
+        unscale = unscale_received
+        mon.guard("unscaling", unscale, seen, self.optimizer, False, mon.warn_once, self.network)
         if not self.monitor.config.tracks("grad_norm"):
             return None, {}
         if seen.loss_scale is None:
             seen.loss_scale = self._scale
+        self._calls = seen.calls
         got = resolve(seen, clip_per_micro=self.tap.pattern.per_micro_clip)
         if got.note is not None:
             self.monitor.warn_once(got.note, got.note)
+        self._mixed = got.mixed  # several optimizers in the graph: no loss or lr either
         if self._blame:
             self._norms = param_norms(seen, got.grad_norm, self._names)
         return got.grad_norm, got.values

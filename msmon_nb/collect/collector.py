@@ -108,9 +108,13 @@ class StepCollector:
         got = self._guard("reading the device grad_norm", self._late.take)
         return None if got is None else (got[0], {TAGS["grad_norm"]: got[1]})
 
-    def finish(self, inputs: StepInputs, step: int, collect: bool) -> dict[str, float] | None:
+    def finish(
+        self, inputs: StepInputs, step: int, collect: bool, ended: float | None = None
+    ) -> dict[str, float] | None:
         """Count step ``step``; on a collected step return its scalars (None when they
-        could not be computed, or on a step that is not collected)."""
+        could not be computed, or on a step that is not collected). ``ended``: when the
+        step ended (``perf_counter()``), where it is recorded later than that (a step
+        of parts, ``collect.parts``); now by default."""
         self._steps += 1
         self._samples += inputs.batch_size or self.config.batch_size or 0
         if not collect:
@@ -124,7 +128,7 @@ class StepCollector:
         if self._per_param:
             got = self._guard("measuring each parameter's gradient norm", self._each, inputs, step)
             inputs = got if got is not None else inputs
-        now = time.perf_counter()
+        now = time.perf_counter() if ended is None else ended
         steps = self._steps
         step_time = (now - self._t_mark) / steps if self._t_mark is not None else None
         self._step_time = step_time
@@ -143,7 +147,7 @@ class StepCollector:
             values[COMPUTE_TAG] = self._compute_secs / steps
         if values is not None and self.comm is not None:
             self._guard("recording the all-reduce wait", self.comm.add_values, values)
-        self._t_mark = time.perf_counter()
+        self._t_mark = time.perf_counter() if ended is None else ended
         self._steps = self._samples = 0
         self._data_secs = self._compute_secs = 0.0
         if inputs.params is not None or inputs.grads is not None:
@@ -152,6 +156,22 @@ class StepCollector:
             return None
         if self.config.tracks("optimizer_state"):
             values.update(self._optimizer_state(inputs.optimizer))
+        if inputs.extra:
+            values.update({tag: float(v) for tag, v in inputs.extra.items()})
+        return values
+
+    def part_values(self, inputs: StepInputs) -> dict[str, float]:
+        """The ``train/...`` values of one optimizer's part of a step
+        (``collect.parts``), as ``finish`` computes them from ``inputs``, without
+        counting a step or timing one: no throughput, step time or global step, and a
+        device grad_norm read at once."""
+        values = self._guard(
+            "collecting an optimizer's values", step_values, self.config, inputs, 0
+        )
+        if values is None:
+            return {}
+        for metric in ("global_step", "step_time", "throughput"):
+            values.pop(TAGS[metric], None)
         if inputs.extra:
             values.update({tag: float(v) for tag, v in inputs.extra.items()})
         return values

@@ -50,6 +50,15 @@ MICRO_UNSEEN = (
     "norm on the steps that apply it"
 )
 
+SEVERAL_UNTOLD = (
+    "each step calls {calls} optimizers inside one call of yours (a train cell or jit "
+    "step that steps a GAN's discriminator and generator, or an actor and a critic), and "
+    "the monitor cannot tell which gradient belongs to which ({why}): train/loss, "
+    "grad_norm and learning_rate are not recorded (throughput and step time are); call "
+    "each network's train cell or optimizer from Python in the loop, and each gets its "
+    "own opt/<name>/... series"
+)
+
 PER_MICRO_CLIP = (
     "this step clips each micro-batch's gradients before accumulating them, so the "
     "accumulated gradient before clipping never exists: train/grad_norm is not recorded; "
@@ -77,6 +86,9 @@ class GradSeen:
     overflow: bool | None = None  # None: no overflow check ran this step
     loss_scale: float | None = None
     sparse: bool = False  # the optimizer got sparse gradients, passed on unmeasured
+    # (optimizer fingerprint, norm) of each optimizer call inside the step's graph where
+    # there were several (``graph.OptimizerTap.read_calls``)
+    calls: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,11 +99,16 @@ class Resolved:
     values: dict[str, float]
     note: str | None = None
     source: str | None = None  # produced / clip / received: where grad_norm comes from
+    # several optimizers stepped inside the step's one graph: its loss and lr are not
+    # the step's either (the way in drops them)
+    mixed: bool = False
 
 
 def resolve(seen: GradSeen, *, clip_per_micro: bool = False) -> Resolved:
     """Apply the contract to one step. ``clip_per_micro``: the loop is known to clip
     micro-batches before accumulating (``StepPattern`` finds out)."""
+    if len({key for key, _ in seen.calls}) > 1:  # several optimizers: collect.several
+        return Resolved(None, {}, mixed=True)
     values: dict[str, float] = {}
     if seen.loss_scale is not None:
         values[LOSS_SCALE] = seen.loss_scale

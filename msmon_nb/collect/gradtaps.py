@@ -514,6 +514,8 @@ class StepTaps:
         calls = step.optimizer + python_optimizer_calls
         reading.pattern.update(1, step.clips, calls, step.overflows)
         seen = GradSeen(optimizer_ran=step.optimizer > 0, accumulating=reading.pattern.accumulating)
+        if step.optimizer > 1:  # which optimizers they were (collect.several)
+            seen.calls = self.optimizer.read_calls(now.optimizer - step.optimizer, now.optimizer)
         if step.optimizer == 0 and self.optimizer.installed:
             # (read only then: a model's sparse gradients are sparse at every step)
             seen.sparse = self.optimizer.read_sparse() > 0

@@ -165,6 +165,19 @@ class OptimizerTap:
             name=f"msmon_tap_each_{next(_SERIAL)}",
             requires_grad=False,
         )
+        # each call's norm and its optimizer's fingerprint (``fingerprint``), in the
+        # slot of its count (mod SLOTS): which optimizers stepped inside one graph (a
+        # GAN's D and G), and each one's norm (``read_calls``)
+        self.slots = Parameter(
+            Tensor(np.zeros(SLOTS, np.float32)),
+            name=f"msmon_tap_slots_{next(_SERIAL)}",
+            requires_grad=False,
+        )
+        self.keys = Parameter(
+            Tensor(np.zeros(SLOTS, np.int32)),
+            name=f"msmon_tap_keys_{next(_SERIAL)}",
+            requires_grad=False,
+        )
         # norm and lr are computed only while ``on`` is 1 (collected steps; the skip
         # gate needs the norm on every step, so a gated wrapper always computes it);
         # ``count`` moves on every call
@@ -271,6 +284,19 @@ class OptimizerTap:
             return _host_view(self.each)[:n].astype(np.float64)
         return self.each.asnumpy()[:n].astype(np.float64)
 
+    def read_calls(self, first: int, last: int) -> list[tuple[int, float]]:
+        """``(fingerprint, norm)`` of each collected call numbered ``first`` to
+        ``last`` (``read_count`` before and after a step; the last ``SLOTS`` of them)."""
+        first = max(first, last - SLOTS)
+        if last <= first:
+            return []
+        at = [i % SLOTS for i in range(first, last)]
+        if _HOST_WRITES == [True]:  # the kept CPU views, as read_each reads
+            keys, norms = _host_view(self.keys), _host_view(self.slots)
+        else:
+            keys, norms = self.keys.asnumpy(), self.slots.asnumpy()
+        return [(int(keys[i]), float(norms[i])) for i in at]
+
     def arm_lr(self) -> None:
         """Keep the lr of the next ``get_lr()`` call (a collected step begins). A 4-byte
         write, only when the last armed call happened (else it is still armed)."""
@@ -291,6 +317,34 @@ class OptimizerTap:
 
 
 _SERIAL = itertools.count()
+
+# calls of the optimizers a step's graph makes that the tap tells apart (``keep_call``)
+SLOTS = 16
+_KEY_BASE = 100003
+
+
+def fingerprint(gradients: Any) -> int:
+    """An optimizer told apart from another by what it updates: its number of
+    gradients and their total size. Graph syntax; a constant where a graph compiles it;
+    ``optimizer_key`` gives the same for an optimizer on the host."""
+    size = 0
+    for g in gradients:
+        size = size + g.size
+    return len(gradients) * _KEY_BASE + size % _KEY_BASE
+
+
+def optimizer_key(optimizer: Any) -> int:
+    """``fingerprint`` of the gradients ``optimizer`` receives, from its parameters."""
+    params = list(getattr(optimizer, "parameters", ()) or ())
+    return len(params) * _KEY_BASE + sum(int(p.size) for p in params) % _KEY_BASE
+
+
+def keep_call(slots: Parameter, keys: Parameter, called: Tensor, total: Tensor, key: int) -> Any:
+    """Write one call's norm and optimizer fingerprint into its slot (``called``: the
+    call count after it). Graph syntax."""
+    at = ops.reshape(ops.floor_mod(called - 1, SLOTS), (1, 1))
+    done = ops.scatter_nd_update(slots, at, ops.reshape(total, (1,)))
+    return ops.depend(done, ops.scatter_nd_update(keys, at, ops.fill(ms.int32, (1,), key)))
 
 
 def tap_scalar(name: str, value: Any, dtype: Any) -> Parameter:
@@ -423,6 +477,7 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, undo: str | None = N
     """
     norm, count, on, mode, sparse = tap.norm, tap.count, tap.on, tap.mode, tap.sparse
     each, keeps = tap.each, tap.keeps_each
+    slots, keys = tap.slots, tap.keys
     scaled, own = undo is not None, undo == OWN
     gated = gate is not None
     if gated:
@@ -436,16 +491,18 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, undo: str | None = N
 
     # MindSpore parses these functions' source when it compiles a graph that calls the
     # optimizer: they must stay plain graph syntax (closure variables, no try/with).
-    def store_norms(self, gradients):
-        # the global norm, the optimizer's loss scale undone, stored into ``norm``; with
-        # blame (``keeps``, a constant: without it the graph is the one it was) each
-        # gradient's norm into ``each`` too. (total, the stores' token); both branches
-        # of ``construct`` call it, inlined where the graph compiles
+    def store_norms(self, gradients, called):
+        # the global norm, the optimizer's loss scale undone, stored into ``norm``, and
+        # with the call's optimizer's fingerprint into the call's slot (``called``: the
+        # count after this call); with blame (``keeps``, a constant: without it the graph
+        # is the one it was) each gradient's norm into ``each`` too. (total, the stores'
+        # token); both branches of ``construct`` call it, inlined where the graph compiles
         squares = [square_sum(g) for g in gradients]
         total = ops.sqrt(ops.addn(squares))
         if own or (scaled and self.need_scale):
             total = total * self.reciprocal_scale
         stored = ops.assign(norm, total)
+        stored = ops.depend(stored, keep_call(slots, keys, called, total, fingerprint(gradients)))
         if keeps:
             norms = ops.sqrt(ops.stack(squares))
             if own or (scaled and self.need_scale):
@@ -467,14 +524,14 @@ def _tapped(attr: str, tap: OptimizerTap, gate: Any = None, undo: str | None = N
             # 2.10), and a ``depend`` over the gradients turned a sparse one's type
             # "Undetermined" (LazyAdam's graph then failed to compile)
             if on > 0:
-                _, stored = store_norms(self, gradients)
+                _, stored = store_norms(self, gradients, called)
                 token = ops.depend(_ONE, stored)
             else:
                 token = _ZERO
             done = getattr(self, attr)(gradients)
             return ops.depend(done, ops.depend(token, called))
         gradients = ops.depend(gradients, called)
-        total, stored = store_norms(self, gradients)
+        total, stored = store_norms(self, gradients, called)
         gradients = ops.depend(gradients, stored)
         has_loss = fresh > _ZERO
         finite = ops.logical_and(

@@ -64,9 +64,15 @@ class Recorder(Protocol):
         """True when ``step`` is collected (its scalars computed and emitted)."""
         ...
 
-    def record_step(self, inputs: StepInputs, *, collect: bool) -> None:
+    def record_step(self, inputs: StepInputs, *, collect: bool, ended: float | None = None) -> None:
         """Count a finished step (index ``step_count``); on collected steps, emit what
-        ``inputs`` holds (on the others only its ``batch_size`` counts)."""
+        ``inputs`` holds (on the others only its ``batch_size`` counts). ``ended``: when
+        it ended, where that was before now (its step time ends there)."""
+        ...
+
+    def part_values(self, inputs: StepInputs) -> dict[str, float]:
+        """The ``train/...`` values of one optimizer's part of a step, without counting
+        a step (``collect.parts``: two or more optimizers in one iteration)."""
         ...
 
     def hold_emits(self, on: bool) -> None:

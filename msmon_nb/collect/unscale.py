@@ -71,6 +71,15 @@ class UndoRule:
             return None
         return reciprocal if need and reciprocal is not None else 1.0
 
+    def tapped(self, optimizer: Any, to_float: Any) -> float:
+        """What the optimizer tap multiplied its norm by inside the graph
+        (``collect.graph._tapped``: ``reciprocal_scale`` where ``OWN`` or
+        ``need_scale``), to take it back out."""
+        if self.kind == OWN or getattr(optimizer, "need_scale", False):
+            value = _value(getattr(optimizer, "reciprocal_scale", None), to_float)
+            return value if value else 1.0
+        return 1.0
+
 
 _RULES: dict[type, UndoRule] = {}
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from msmon_nb.collect.devnorm import launch_global_norm
 from msmon_nb.collect.gradsource import GradSeen
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
-from msmon_nb.collect.unscale import received_factor
+from msmon_nb.collect.unscale import received_factor, undo_rule
 from msmon_nb.config import MonitorConfig, suggest_tag
 from msmon_nb.metrics.norms import global_norm, sum_of_squares
 
@@ -132,21 +132,61 @@ def cell_loss_scale(cell: Any) -> float | None:
     return None
 
 
-def unscale_received(seen: GradSeen, optimizer: Any, multiply: bool, warn: Any) -> None:
-    """Bring ``seen.received`` (what ``optimizer`` received) to the unscaled gradient
-    with the loss-scale undo of the optimizer's own code (``unscale.received_factor``:
-    1 for most): ``multiply`` for a norm taken in Python, only checked for the tap's,
-    which multiplied inside the graph. Where the factor cannot be proven the value is
-    dropped; ``warn(key, message)`` (the recorder's ``warn_once``) says why."""
+def scaled_by_cell(cell: Any) -> float | None:
+    """The loss scale a train cell leaves in the gradients it hands its optimizer:
+    ``sens`` of MindSpore's ``TrainOneStepCell`` (what ``Model`` builds for
+    ``FixedLossScaleManager(S, drop_overflow_update=False)``), whose ``construct`` seeds
+    the backward with it and never divides it out; None for every other cell (those
+    that scale, unscale too, or are not known to leave it)."""
+    if cell is None or not getattr(cell, "sense_flag", False):
+        return None
+    from mindspore import nn
+
+    if getattr(type(cell), "construct", None) is not nn.TrainOneStepCell.construct:
+        return None
+    sens = getattr(cell, "sens", None)
+    return float(sens) if isinstance(sens, int | float) and sens not in (0, 1) else None
+
+
+def unscale_received(
+    seen: GradSeen, optimizer: Any, multiply: bool, warn: Any, cell: Any = None
+) -> None:
+    """Bring ``seen.received`` (what ``optimizer`` received) to the unscaled gradient.
+
+    Where the train ``cell`` is known to leave its scale S in the gradients
+    (``scaled_by_cell``), the gradient is what it received over S, whatever the
+    optimizer does; where its own undo (``unscale.received_factor``) is not 1/S, its
+    update applies the gradients scaled, and ``warn`` says so. Otherwise the optimizer's
+    own undo is the one, as its code does it (1 for most). ``multiply``: a norm taken in
+    Python (raw); else the tap's, which multiplied inside the graph
+    (``UndoRule.tapped``). Where no factor can be proven the value is dropped;
+    ``warn(key, message)`` (the recorder's ``warn_once``) says why."""
     if seen.received is None or optimizer is None:
         return
     factor, note = received_factor(optimizer, to_float)
+    carried = scaled_by_cell(cell)
+    if carried is not None:
+        raw = 1.0 if multiply else undo_rule(type(optimizer)).tapped(optimizer, to_float)
+        ratio = 1.0 / (raw * carried)
+        if factor is None or not math.isclose(factor * carried, 1.0, rel_tol=1e-6):
+            applies = "an unknown multiple" if factor is None else f"{factor * carried:g}x"
+            note = (
+                f"the train cell scales the loss by {carried:g} and leaves the scale in the "
+                f"gradients, but {type(optimizer).__name__} does not divide by it (make it "
+                f"with loss_scale={carried:g}): its update applies {applies} the loss's own "
+                "gradient; train/grad_norm is recorded unscaled"
+            )
+    elif factor is None:
+        seen.received = seen.received_each = None
+        ratio = 1.0
+    else:
+        ratio = factor if multiply else 1.0
     if note is not None:
         warn(note, note)
-    if factor is None:
-        seen.received = seen.received_each = None
-    elif multiply:
-        seen.received *= factor
+    if seen.received is not None and ratio != 1.0:
+        seen.received *= ratio
+        if seen.received_each is not None:
+            seen.received_each = seen.received_each * ratio
 
 
 def norm_now(grads: Any) -> float | None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,8 +46,10 @@ from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import compile_cache, find_ways_in, is_optimizer, original
 from msmon_nb.collect.optstate import find_optimizer
+from msmon_nb.collect.parts import Namer, Part, Parts, merge, user_namespaces
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
+from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, values_for
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.unscale import received_factor
@@ -101,9 +103,14 @@ def _helper(executor: Any) -> str | None:
 class Watch:
     """Context manager returned by ``Monitor.watch()``."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, names: Mapping[str, Any] | None = None) -> None:
         self.monitor = recorder
         self._patches = Patches()
+        # two or more optimizers in one iteration (collect.parts): the steps they make,
+        # the user's names for them (name -> optimizer, train cell or network) and ours
+        self._parts = Parts()
+        self._namer = Namer(names)
+        self._held: dict[int, tuple[Any, list[Any]]] = {}  # id -> (owner, its optimizers)
         self.tap: Any = None  # collect.gradtaps.StepTaps
         self._tap_why: str | None = None
         self._train_cells: dict[int, bool] = {}
@@ -147,6 +154,11 @@ class Watch:
         self.raw_loss: Any = None  # the loss before the amp loss scaler scaled it
         self.micro: list[float] = []  # earlier micro-batches' gradient norms this step
         self.calls = 0  # grad and jit calls in this step (> 1: accumulation)
+        # optimizers stepped inside one top-level call (a PyNative outer cell stepping a
+        # GAN's D then G), each with the gradients it received and its lr, in order
+        self.inner: list[tuple[Any, Any, Any]] = []
+        self.outputs: Any = None  # what the top-level train cell or jit step returned
+        self.lrs: dict[int, float] = {}  # each held optimizer's lr before a graph step
         self.overflowed = False  # amp.all_finite found inf/nan in this step's gradients
         # earlier grad calls of a first step not yet known to be one (``_hold``): their
         # loss and start time
@@ -238,6 +250,8 @@ class Watch:
             skipped = self.overflowed and self.opt is None  # an overflow-skipped update
             if exc_type is None and last and (not self.opt_seen or skipped):
                 self._finish()  # before the tap goes: a jit step's norm is still there
+            for parts in self._parts.flush():  # a held part, an iteration left open
+                self._record_parts(parts)
         except StopTraining:
             pass
         try:
@@ -328,6 +342,8 @@ class Watch:
                 if tap_mode is not None:
                     tap_mode.python = False
             watch._opt_calls += 1
+            if not top and watch.collect:  # inside the user's call: whose gradients
+                watch.inner.append((opt, args[0] if args else kwargs.get("gradients"), lr))
             watch.opt, watch.lr = opt, lr
             if watch.collect:
                 watch.opt_grads = args[0] if args else kwargs.get("gradients")
@@ -364,6 +380,7 @@ class Watch:
             if watch.batch_size is None:
                 watch.batch_size = batch_size_of(args)
             if watch.collect:
+                watch.outputs = out
                 loss = _first(out)
                 if int(getattr(loss, "size", 0) or 0) == 1:
                     watch.loss = loss
@@ -417,6 +434,7 @@ class Watch:
                     obj = getattr(executor, "obj", None)
                     watch.batch_size = batch_size_of(args[1:] if obj is not None else args)
                 if watch.collect:
+                    watch.outputs = out
                     watch._take_jit_output(out)
             return out
 
@@ -505,6 +523,9 @@ class Watch:
         opt = self._step_optimizer()
         if opt is not None:
             self.lr = self._guard(read_lr, opt)  # None unless its Parameters tell it
+        held = self._held_optimizers(owner)
+        if len(held) > 1:  # each one's, should several step inside (collect.several)
+            self.lrs = self._guard(read_lrs, held, read_lr) or {}
 
     def _install_tap(self) -> None:
         """Before the first graph step (or PyNative optimizer call whose lr only its graph
@@ -736,11 +757,18 @@ class Watch:
                     seen.received, in_python = got, True
         if seen.received is not None:  # its own loss-scale undo (collect.unscale)
             opt = self.opt if self.opt is not None else self._step_optimizer()
-            self._guard(unscale_received, seen, opt, in_python, self.monitor.warn_once)
+            cell = self.owner if self.kind == "train_cell" else None
+            warn = self.monitor.warn_once
+            self._guard(unscale_received, seen, opt, in_python, warn, cell)
         per_micro = tap.pattern.per_micro_clip if tap is not None else False
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
             self.monitor.warn_once(out.note, out.note)
+        several = len({id(o) for o, _, _ in self.inner}) > 1
+        if out.mixed or several:  # its loss and lr are one of several networks'
+            self.loss = self.raw_loss = self.lr = None
+            self._norm_seen = True
+            return None, None, 1.0, self._guard(self._several, seen) or {}
         if names:
             self.param_norms = param_norms(seen, out.grad_norm, names)
         if out.source is not None or out.note is not None or seen.overflow:
@@ -758,9 +786,10 @@ class Watch:
         self.pending = False
         rec = self.monitor
         now = time.perf_counter()
+        waited = compute = 0.0
         if self._t_first is not None:
             waited = self._t_first - self._t_end if self._t_end is not None else 0.0
-            rec.add_timing(waited, now - self._t_first)
+            compute = now - self._t_first
             self._t_first = None
         opt = self.opt if self.opt is not None else self._step_optimizer()
         cell = self.owner if self.kind == "train_cell" else None
@@ -795,15 +824,115 @@ class Watch:
                     extra=extra or None,
                     param_norms=self.param_norms,
                 )
-                rec.record_step(inputs, collect=True)
         else:
-            rec.record_step(StepInputs(batch_size=self.batch_size), collect=False)
+            inputs = StepInputs(batch_size=self.batch_size)
+        if opt is not None and not self._parts.order:
+            # the first part: a loop whose namespace holds two or more optimizers may
+            # step them in turn; then the next part tells (collect.parts)
+            self._parts.hold_first = bool(self._guard(self._several_optimizers))
+        part = Part(opt, inputs, self.collect, waited, compute, now)
+        steps = self.monitor.guard("grouping optimizer steps", self._parts.add, part)
+        if steps is None:  # (a failure of ours: the part is recorded as a step)
+            steps = [[part]]
+        for parts in steps:
+            self._record_parts(parts)
         self._reset()
+        if not steps:  # the step goes on: the next optimizer's part comes
+            self._t_end = time.perf_counter()
+            return
         self.collect = rec.will_collect(rec.step_count)
         try:
             rec.boundary(raise_stop=True)
         finally:
             self._t_end = time.perf_counter()  # our own boundary work is not data time
+
+    def _several(self, seen: GradSeen) -> dict[str, float]:
+        """Two or more optimizers stepped inside the step's one call (``collect.several``):
+        each one's values, or none and one warning where they cannot be told apart."""
+        if not self.inner:  # a graph: the tap's calls, by fingerprint
+            calls = attribute(seen.calls, optimizers_held(self.owner))
+            count, lrs = len(seen.calls), self.lrs
+        else:  # PyNative: each inner call seen, with its gradients
+            calls = []
+            for opt, grads, _ in self.inner:
+                norm = norm_now(grads) if grads is not None else None
+                factor, _ = received_factor(opt, to_float)
+                norm = None if norm is None or factor is None else norm * factor
+                for known, norms in calls:
+                    if known is opt:
+                        norms.append(norm)
+                        break
+                else:
+                    calls.append((opt, [norm]))
+            if any(n is None for _, norms in calls for n in norms):
+                calls = None
+            count, lrs = len(self.inner), {id(o): lr for o, _, lr in self.inner if lr is not None}
+        warn = self.monitor.warn_once
+        return values_for(calls, count, self.outputs, lrs, self._namer, warn)
+
+    def _record_parts(self, parts: list[Part]) -> None:
+        """Record one step made of ``parts`` (``collect.parts``): a plain step as it
+        is; an iteration of several optimizers with each one's values as its own
+        ``opt/<name>/...`` series and no whole-step ``train/loss``/grad_norm/lr."""
+        rec = self.monitor
+        for part in parts:
+            rec.add_timing(part.data_secs, part.compute_secs)
+        last = parts[-1]
+        if not self._parts.multi:
+            rec.record_step(last.inputs, collect=last.collect, ended=last.ended)
+            return
+        collect = parts[0].collect
+        extra = None
+        if collect:
+            names = self._names_now()
+            named = [
+                (names[id(p.key)], rec.part_values(p.inputs))
+                for p in parts
+                if p.collect and p.key is not None and id(p.key) in names
+            ]
+            extra = merge(named) or None
+        inputs = StepInputs(batch_size=parts[0].inputs.batch_size, extra=extra)
+        rec.record_step(inputs, collect=collect, ended=last.ended)
+
+    def _names_now(self) -> dict[int, str]:
+        """Each optimizer's series name (``parts.derive_names``), kept once given: the
+        first time two step, and again for one that joins later. Says once what the
+        steps are from now on."""
+        order = self._parts.order
+        if any(id(o) not in self._namer.names for o in order):
+            names = self._namer(order)
+            listed = ", ".join(names[id(o)] for o in order)
+            since = self._parts.switched_at
+            before = (
+                f"; the first {since} steps trained {listed.split(', ')[0]} alone and "
+                "were recorded as plain steps"
+                if since
+                else ""
+            )
+            self.monitor.warn_once(
+                "several optimizers",
+                f"{len(order)} optimizers step in this loop ({listed}): one step is one "
+                "iteration of the loop, and each optimizer's loss, grad_norm, "
+                "grad_norm_clipped and learning_rate are recorded as opt/<name>/...; "
+                "train/loss, train/grad_norm and train/learning_rate are not recorded (they "
+                f"would mix networks){before}. Name them with mon.watch(names={{...}})",
+            )
+        return self._namer.names
+
+    def _several_optimizers(self) -> bool:
+        """Whether the loop's namespace holds two or more optimizers (directly or in a
+        train cell): read only, once, at the first part."""
+        from mindspore import nn
+
+        seen: list[Any] = []
+        for space in user_namespaces():
+            for value in list(space.values()):
+                held = value if is_optimizer(value) else None
+                if held is None and isinstance(value, nn.Cell):
+                    held = getattr(value, "optimizer", None)  # a train cell's
+                if held is not None and is_optimizer(held) and not any(held is o for o in seen):
+                    seen.append(held)
+        return len(seen) > 1
 
     @contextmanager
     def ours(self) -> Iterator[None]:
@@ -841,6 +970,15 @@ class Watch:
             return None
         factor, _ = received_factor(opt, to_float)
         return 1.0 / factor if factor and factor != 1.0 else None
+
+    def _held_optimizers(self, owner: Any) -> list[Any]:
+        """The optimizers a train cell or jit step holds (``several.optimizers_held``),
+        looked up once per owner."""
+        known = self._held.get(id(owner))
+        if known is None or known[0] is not owner:
+            known = (owner, self._guard(optimizers_held, owner) or [])
+            self._held[id(owner)] = known
+        return known[1]
 
     def _tapped_names(self) -> tuple[str, ...]:
         """The names of the parameters whose gradient norms the optimizer tap keeps for

@@ -2,10 +2,15 @@
 
 A run that converged has gradients that shrank because the loss reached its floor:
 that is success. Without this, ``grad_vanishing`` tells a noiseless regression trained
-to 1e-12 to "look for saturating activations", ``adam_v_stale`` reads the noise of
-tiny gradients as a stale second moment, and ``rising_trend`` reads a memorised loss
-wobbling at 1e-3 of its start as the start of a divergence (issue 36; the converged
-runs of bench/detect_runs.py).
+to 1e-12 to "look for saturating activations" and ``adam_v_stale`` reads the noise of
+tiny gradients as a stale second moment (issue 36; the converged runs of
+bench/detect_runs.py).
+
+Only rules whose message would call a converged run broken ask it. A rule that warns
+of a rise never does (issue 43): a run at its floor is where a compounding rise starts
+from its lowest level, and waiting for the loss to leave the floor warned after it had
+passed 10x its best. ``rising_trend`` tells noise at a floor from a rise by its own
+tests for a steady one.
 
 Converged, at the current step, means both:
 

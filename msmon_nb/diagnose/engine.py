@@ -53,8 +53,8 @@ class Diagnoser:
         observers: dict[str, list[Callable[[str, float], None]]] = {}
         shared: dict = {}
         # one judge of "has this run converged?" for the rules whose message names a bug
-        # (a converged run's small, noisy gradients are success): fed the loss and
-        # grad_norm the loss and gradient rules read
+        # (a converged run's small, noisy gradients are success), never for one that
+        # warns of a rise: fed the loss and grad_norm the loss and gradient rules read
         convergence = Convergence(
             loss_tag=self.settings["loss_divergence"]["tag"],
             grad_tag=self.settings["grad_vanishing"]["tag"],

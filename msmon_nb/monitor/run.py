@@ -243,14 +243,20 @@ class Monitor(Steering):
         self._callbacks.append(weakref.ref(callback))
         return callback
 
-    def watch(self):
-        """Context manager that monitors an unchanged functional loop (see ``collect.watch``)."""
-        return Watch(self)
+    def watch(self, names: Mapping[str, Any] | None = None):
+        """Context manager that monitors an unchanged functional loop (see ``collect.watch``).
+
+        ``names``: what to call each optimizer's series where two or more step in one
+        iteration (a GAN's D and G): series name -> the optimizer, a train cell holding
+        it, or the network it trains (``{"netd": optD, "netg": optG}``); else they are
+        named after the code's variables (``collect.parts.derive_names``)."""
+        return Watch(self, names)
 
     # --- the Recorder interface (collect/recorder.py): what the ways in call -----------
 
-    def record_step(self, inputs: StepInputs, *, collect: bool) -> None:
-        """Count a finished step; on collected steps emit its scalars (``collect.collector``)."""
+    def record_step(self, inputs: StepInputs, *, collect: bool, ended: float | None = None) -> None:
+        """Count a finished step; on collected steps emit its scalars (``collect.collector``).
+        ``ended``: when it ended, where that was before now (``collect.parts``)."""
         step = self.step_count
         self._emit_late()  # step >= s+1 was dispatched: s's device norm reads at once
         actions = self._actions
@@ -259,7 +265,7 @@ class Monitor(Steering):
             self.guard("checking for a skipped update", actions.after_update, step, collect)
         self.step_count = step + 1
         self.last_step = step
-        values = self.collector.finish(inputs, step, collect)
+        values = self.collector.finish(inputs, step, collect, ended)
         if values is None:
             return
         if actions is not None and actions.layers.on:  # before the rules see the step
@@ -268,6 +274,10 @@ class Monitor(Steering):
         wider = self.collector.widened(self.collect_freq)
         if wider is not None and actions is not None:
             actions.widen_interval(step, wider)
+
+    def part_values(self, inputs: StepInputs) -> dict[str, float]:
+        """One optimizer's values of a step made of parts (``collect.parts``)."""
+        return self.collector.part_values(inputs)
 
     def add_timing(self, data_secs: float, compute_secs: float) -> None:
         """Where the step's time went: waiting for the next batch, or computing."""

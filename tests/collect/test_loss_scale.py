@@ -8,6 +8,7 @@ the unscaled one, one optimizer call is one step, and training is bit-identical.
 from __future__ import annotations
 
 import math
+import warnings
 
 import mindspore as ms
 import mindspore.dataset as mds
@@ -32,18 +33,27 @@ def batches():
     ]
 
 
-@pytest.mark.parametrize("level", ["O0", "O2"])
-def test_model_train_with_fixed_loss_scale_manager(tmp_path, level):
+@pytest.mark.parametrize(
+    ("level", "paired"), [("O0", True), ("O2", True), ("O0", False)], ids=["O0", "O2", "unpaired"]
+)
+def test_model_train_with_fixed_loss_scale_manager(tmp_path, level, paired):
     """``FixedLossScaleManager(1024, drop_overflow_update=False)`` with the optimizer made
     with ``loss_scale=1024``, as MindSpore's docs pair them: the train cell seeds the
-    backward with 1024 and the optimizer divides it out."""
+    backward with 1024 and the optimizer divides it out. ``unpaired``: the optimizer made
+    without it (nothing checks the pairing): its update applies 1024x the gradient
+    (here with an lr 1024x smaller, so that it trains); grad_norm is still the unscaled
+    one, and one warning says what the update does."""
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         x, y = tiny.data(n=STEPS * BATCH)
 
         def build():
             net = tiny.mlp(seed=4)
-            opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=1024.0)
+            params = net.trainable_params()
+            if paired:
+                opt = nn.Momentum(params, 0.05, 0.9, loss_scale=1024.0)
+            else:
+                opt = nn.Momentum(params, 0.05 / 1024, 0.9)
             manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
             return net, Model(net, tiny.loss_fn(), opt, amp_level=level, loss_scale_manager=manager)
 
@@ -54,12 +64,18 @@ def test_model_train_with_fixed_loss_scale_manager(tmp_path, level):
         ref = Reference(nn.WithLossCell(net, tiny.loss_fn()), net.trainable_params(), batches())
         model.train(1, dataset(), callbacks=[ref], dataset_sink_mode=False)
         net, model = build()
-        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
-            model.train(1, dataset(), callbacks=[mon.callback()], dataset_sink_mode=False)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with Monitor(save_dir=str(tmp_path), log_interval=1) as mon:
+                model.train(1, dataset(), callbacks=[mon.callback()], dataset_sink_mode=False)
         plain, model = build()
         model.train(1, dataset(), dataset_sink_mode=False)
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+    unpaired = [str(w.message) for w in said if "does not divide by it" in str(w.message)]
+    assert len(unpaired) == (0 if paired else 1), unpaired
+    if not paired:
+        assert "its update applies 1024x" in unpaired[0]
     run = load_run(mon.run_dir)
     rtol = 1e-5 if level == "O0" else 2e-3  # O2 runs the layers in float16
     np.testing.assert_allclose(run.scalars("train/grad_norm").values, ref.norms, rtol=rtol)

@@ -128,3 +128,69 @@ def test_convergence_on_the_loss_alone_when_no_grad_norm_comes():
     for i in range(40):
         conv.observe("l", 2.0 * math.exp(-i / 3.0))
     assert conv.converged
+
+
+def _compounding_after_convergence(tmp_path, at: int, rate: float):
+    """An MLP regression (targets tanh(x @ w) + 2 % noise) trained by Momentum at a
+    constant lr to its floor, inside an ``ms.jit`` step under ``watch()``; from step
+    ``at`` a loss-scale bug multiplies the gradients by ``rate`` more each step. Training
+    stops 10 steps after the loss passes 10x its best. The monitor, the losses and the
+    step where the loss passed 10x its best (None if it never did)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2048, 8)).astype(np.float32)
+    w = rng.normal(size=(8, 1)).astype(np.float32)
+    y = (np.tanh(x @ w) + 0.02 * rng.normal(size=(2048, 1))).astype(np.float32)
+    ms.set_seed(7)
+    net = nn.SequentialCell([nn.Dense(8, 32), nn.ReLU(), nn.Dense(32, 1)])
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    loss_fn = nn.MSELoss()
+
+    def forward(a, b):
+        return loss_fn(net(a), b)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    @ms.jit
+    def step(a, b, scale):
+        loss, grads = grad_fn(a, b)
+        grads = tuple(g * scale for g in grads)  # a loss scale never undone
+        opt(grads)
+        return loss
+
+    losses: list[float] = []
+    best, blowup = math.inf, None
+    with Monitor(save_dir=str(tmp_path)) as mon, mon.watch():
+        for s in range(at + 150):
+            idx = rng.integers(0, len(y), size=32)
+            scale = ms.Tensor(rate ** max(0, s - at + 1), ms.float32)
+            loss = float(step(ms.Tensor(x[idx]), ms.Tensor(y[idx]), scale).asnumpy())
+            losses.append(loss)
+            if s >= at and blowup is None and not loss <= 10.0 * best:
+                blowup = s
+            best = min(best, loss)
+            if blowup is not None and s >= blowup + 10:
+                break
+    return mon, losses, blowup
+
+
+def test_a_converged_run_whose_gradients_start_compounding_is_warned_20_steps_ahead(tmp_path):
+    """Issue 43: a run at its floor is where a compounding rise starts from its lowest
+    level, and the warning must come as early as on any other run. With rising_trend
+    silenced while the run had converged, the first warning came 8 steps AFTER the loss
+    passed 10x its best (this test on the code before the change: lead -8)."""
+    at = 550
+    mon, losses, blowup = _compounding_after_convergence(tmp_path, at, 1.04)
+    # the premise: converged (the judge says so) when the scale starts, blown up later
+    conv = Convergence(loss_tag="l", grad_tag="g")
+    for loss, grad in zip(losses[:at], mon.series["train/grad_norm"].values[:at], strict=False):
+        conv.observe("l", loss)
+        conv.observe("g", float(grad))
+    assert conv.converged
+    assert blowup is not None and blowup > at + 20, blowup
+    rise = {"rising_trend", "grad_explosion", "loss_divergence", "loss_spike"}
+    warned = [a for a in mon.alerts if a.kind in rise and a.step >= at]
+    assert warned, [a.message for a in mon.alerts]
+    first = warned[0]
+    assert blowup - first.step >= 20, (blowup, first.step, first.message)
+    assert first.since_step >= at
+    assert not [a for a in mon.alerts if a.step < at], [a.message for a in mon.alerts]

@@ -48,3 +48,22 @@ def test_notebook_runs_and_writes_a_run(tmp_path, name, steps):
     assert np.all(np.isfinite(run.scalars("train/grad_norm").values))
     lr = run.scalars("train/learning_rate").values
     assert lr[0] < lr[-1] or name == "api_callback.ipynb"
+
+
+def test_gan_notebook_records_each_network_on_its_own(tmp_path):
+    """notebooks/gan.ipynb: a tiny GAN's two train cells under ``%%msmonitor``: one step
+    per iteration, each network's losses exactly the loop's, no mixed ``train/*``."""
+    os.environ["MSMON_STEPS"] = "40"
+    try:
+        nb = execute("gan.ipynb", tmp_path)
+    finally:
+        os.environ.pop("MSMON_STEPS", None)
+    text = outputs(nb)
+    assert "gan finished 40 iterations" in text
+    assert "D's losses are the loop's: True" in text
+    assert "G's losses are the loop's: True" in text
+    assert "no mixed series: True" in text
+    (run,) = load_runs(tmp_path)
+    for name in ("netd", "netg"):
+        assert run.scalars(f"opt/{name}/grad_norm").steps.tolist() == list(range(40))
+        assert np.all(np.isfinite(run.scalars(f"opt/{name}/grad_norm").values))
