@@ -19,6 +19,21 @@ The loop shapes are the ways users write MindSpore training:
   cell of ours for scaling, clipping and accumulation), under ``mon.watch()``;
 * ``model``: ``Model.train`` in GRAPH_MODE with ``mon.callback()``.
 
+Precision: float32, or MindSpore's mixed precision ``O2``/``O3`` (``amp.auto_mixed_precision``,
+``Model(..., amp_level=...)``): float16 forward and backward.
+
+Who undoes the loss scale (``scaling``): the train cell or amp scaler (``static``,
+``dynamic``); the optimizer's own ``loss_scale=`` behind ``TrainOneStepCell(sens=S)``,
+which is what ``Model(..., loss_scale_manager=FixedLossScaleManager(S,
+drop_overflow_update=False))`` builds (``optscale``: ``nn.Optimizer``'s ``scale_grad``,
+or the optimizer's own ``construct`` as MindCV's AdamW and Lion do theirs, or nothing, as
+MindCV's NAdam); MindCV's ``create_trainer(loss_scale_type="fixed", loss_scale=S,
+drop_overflow_update=False)`` with ``create_optimizer(loss_scale=S)`` (``trainer``); and
+its ``drop_overflow_update=True`` form (``trainer_drop``: the optimizer's scale 1, a
+``TrainOneStepWithLossScaleCell`` with a ``FixedLossScaleUpdateCell``, as
+``build_train_network`` makes it on a device; on the CPU ``create_trainer`` refuses it, so
+it is built as MindSpore would build it, with the CPU overflow check of ``suites``).
+
 Loss scaling follows MindSpore's own recipes: ``mindspore.amp``'s scalers in function
 steps (the mixed-precision tutorial's ``all_finite`` / ``adjust``), a ``scale_sense`` and
 ``nn.DynamicLossScaleUpdateCell`` in cells (MindSpore's ``TrainOneStepWithLossScaleCell``
@@ -42,16 +57,19 @@ import mindspore.dataset as mds
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.amp import DynamicLossScaler, StaticLossScaler, all_finite
-from mindspore.train import Callback, Model
+from mindspore.train import Callback, FixedLossScaleManager, Model
 
-from msmon_nb.events.runs import load_run
-from msmon_nb.monitor import Monitor
 from tests.conformance.optimizers import BUILD
 
 LOOPS = ("pynative", "jit", "cell", "model")
 LR_FORMS = ("float", "list", "schedule", "group", "parameter")
-SCALINGS = ("none", "static", "dynamic", "clip", "accumulate")
+SCALINGS = ("none", "static", "dynamic", "clip", "accumulate", "optscale")
+# MindCV's trainer, both drop_overflow_update forms (model loop, MindCV's names)
+TRAINER = ("trainer", "trainer_drop")
+# who undoes the loss scale: the cell or amp scaler, the optimizer, MindCV's trainer
+UNDO = ("static", "optscale", *TRAINER)
 FREQS = (1, 3)
+PRECISIONS = ("fp32", "O2", "O3")
 
 STEPS, BATCH, FEATURES, HIDDEN, CLASSES = 6, 8, 8, 16, 3
 LR = 0.01
@@ -67,6 +85,8 @@ CLIP = 0.05  # below every step's gradient norm here, so every step clips
 # (``mindspore.boost.grad_accumulation``), seen inside their graphs: micro_grad_norm
 MICRO_IN_GRAPH = ("mindcv", "mindone")
 MICRO = 2  # micro-batches per update under "accumulate"
+ACCUMULATING = ("accumulate", "clip_accumulate")  # (the second: a suite cell's only)
+SPLIT = 3  # the plain arm's steps before the monitored arm; the rest train after it
 
 
 @dataclass(frozen=True)
@@ -77,11 +97,24 @@ class Case:
     scaling: str = "none"
     freq: int = 1
     suite: str = ""  # a suite's own train cell (suites.SUITES) instead of ours
+    precision: str = "fp32"  # or mixed precision O2/O3
 
     @property
     def id(self) -> str:
         cell = f"{self.suite}-" if self.suite else ""
-        return f"{cell}{self.optimizer}-{self.loop}-{self.lr}-{self.scaling}-f{self.freq}"
+        amp = f"-{self.precision}" if self.precision != "fp32" else ""
+        return f"{cell}{self.optimizer}-{self.loop}-{self.lr}-{self.scaling}-f{self.freq}{amp}"
+
+    @property
+    def line(self) -> str:
+        """The case as a line of ``cases.py`` (``FOUND``)."""
+        args = [repr(self.optimizer), repr(self.loop), repr(self.lr), repr(self.scaling)]
+        args.append(str(self.freq))
+        if self.suite:
+            args.append(f"suite={self.suite!r}")
+        if self.precision != "fp32":
+            args.append(f"precision={self.precision!r}")
+        return f"Case({', '.join(args)})"
 
 
 def supported(case: Case) -> bool:
@@ -93,9 +126,19 @@ def supported(case: Case) -> bool:
     spec = BUILD[case.optimizer]
     if case.loop == "pynative" and not spec.pynative:
         return False
+    if case.precision != "fp32" and case.scaling == "dynamic":
+        return False  # 2**120 overflows float16 on every step: no update to compare
+    if case.scaling == "clip_accumulate" and case.suite not in ("mindone", "mindocr"):
+        return False  # clipping the accumulated gradient (MindCV clips each micro-batch)
     if case.suite:
         return case.loop in ("cell", "model") and spec.family == "nn" and case.lr in spec.forms
     if case.scaling == "ema":
+        return False
+    if case.scaling == "optscale" and not (case.loop in ("cell", "model") and spec.loss_scale):
+        return False  # a train cell's sens, undone by the optimizer's own loss_scale=
+    if case.scaling == "trainer" and not (case.loop == "model" and spec.mindcv):
+        return False  # MindCV's create_trainer, over its create_optimizer
+    if case.scaling == "trainer_drop" and not (case.loop in ("cell", "model") and spec.mindcv):
         return False
     if case.loop == "model" and spec.family == "experimental":
         return False
@@ -130,9 +173,14 @@ class Arm:
 # --- the model, data, lr forms ---------------------------------------------------------
 
 
-def network() -> nn.Cell:
+def network(precision: str = "fp32") -> nn.Cell:
+    """The MLP; under ``O2``/``O3`` as ``amp.auto_mixed_precision`` makes it (float16
+    inside, float32 out; the Parameters stay float32)."""
     ms.set_seed(0)
-    return nn.SequentialCell([nn.Dense(FEATURES, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, CLASSES)])
+    net = nn.SequentialCell([nn.Dense(FEATURES, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, CLASSES)])
+    if precision != "fp32":
+        net = ms.amp.auto_mixed_precision(net, precision)
+    return net
 
 
 def loss_function() -> nn.Cell:
@@ -207,7 +255,7 @@ def pynative() -> Iterator[None]:
 
 
 def reference_norms(
-    weights: list[dict], windows: list[list], suite: str = ""
+    weights: list[dict], windows: list[list], suite: str = "", precision: str = "fp32"
 ) -> tuple[list, list, list]:
     """For each step: (norm of the mean gradient of the unscaled loss over its batches,
     largest norm of one batch's, the norm of its last batch's -- the step's own, where a
@@ -219,7 +267,7 @@ def reference_norms(
     training it (MindSpore's boost) gets its rebuilt network (``suites.reference_network``).
     """
     with pynative():
-        net = network()
+        net = network(precision)
         if suite:
             from tests.conformance.suites import reference_network
 
@@ -383,43 +431,106 @@ def _clear_tensor(buffer):
 
 
 def run_case(case: Case, tmp_path: Any) -> tuple[Arm, Arm]:
-    """Train ``case`` unmonitored, then monitored; (plain arm, monitored arm)."""
+    """Train ``case`` unmonitored and monitored; (plain arm, monitored arm).
+
+    The plain arm's first ``SPLIT`` steps, then the whole monitored arm, then the plain
+    arm's other steps: the plain arm is a second instance beside the monitored one and
+    trains after its monitor closed. Every attribute the monitor replaced on a class or a
+    module must be the original again once it closed (``patched.leftovers``)."""
+    from tests.conformance.patched import leftovers, snapshot
+
     mode = ms.GRAPH_MODE if case.loop in ("cell", "model") else ms.PYNATIVE_MODE
     before = ms.get_context("mode")
     ms.set_context(mode=mode)
     try:
-        plain = _train(case, None)
-        monitored = _train(case, tmp_path)
+        plain = Training(case, None)
+        plain.steps(0, SPLIT)
+        held = snapshot()
+        monitored = Training(case, tmp_path)
+        monitored.steps(0, STEPS)
+        monitored.finish()
+        left = leftovers(held, snapshot())
+        plain.steps(SPLIT, STEPS)
+        plain.finish()
     finally:
         ms.set_context(mode=before)
-    return plain, monitored
+    assert not left, f"not the original after the monitor closed: {left}"
+    return plain.arm, monitored.arm
 
 
-def _train(case: Case, save_dir: Any) -> Arm:
-    net = network()
-    params, lr = lr_argument(case.lr, net.trainable_params())
-    optimizer = BUILD[case.optimizer].build(params, lr)
-    arm = Arm()
-    plain = save_dir is None
-    micro = MICRO if case.scaling == "accumulate" and case.loop in ("pynative", "jit") else 1
-    data = batches(STEPS * micro, poison=case.scaling == "dynamic")
-    steps = [data[i * micro : (i + 1) * micro] for i in range(STEPS)]
-    windows = steps
-    if case.scaling == "accumulate" and micro == 1:
-        # a cell accumulating across calls applies, on every MICRO-th, the mean gradient
-        # of that call's batch and the ones before it since the last update
-        windows = [data[i - i % MICRO : i + 1] for i in range(STEPS)]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+class Training:
+    """One arm: the case's model, optimizer and loop, trained a range of steps at a time
+    (``steps``), then ``finish``ed (its state read; the plain arm's reference norms)."""
+
+    def __init__(self, case: Case, save_dir: Any) -> None:
+        self.case, self.save_dir = case, save_dir
+        self.plain = save_dir is None
+        self.arm = Arm()
+        # Model's amp_level converts the network itself (the user's form); elsewhere
+        # amp.auto_mixed_precision does, as MindCV's custom train steps do
+        by_model = case.loop == "model" and _model_builds(case)
+        self.net = network("fp32" if by_model else case.precision)
+        params, lr = lr_argument(case.lr, self.net.trainable_params())
+        scale = STATIC_SCALE if case.scaling in ("optscale", "trainer") else 1.0
+        self.optimizer = BUILD[case.optimizer].build(params, lr, loss_scale=scale)
+        looped = case.loop in ("pynative", "jit")
+        micro = MICRO if case.scaling in ACCUMULATING and looped else 1
+        data = batches(STEPS * micro, poison=case.scaling == "dynamic")
+        self.batches = [data[i * micro : (i + 1) * micro] for i in range(STEPS)]
+        self.windows = self.batches
+        if case.scaling in ACCUMULATING and micro == 1:
+            # a cell accumulating across calls applies, on every MICRO-th, the mean
+            # gradient of that call's batch and the ones before it since the last update
+            self.windows = [data[i - i % MICRO : i + 1] for i in range(STEPS)]
+        self.model: Any = None
+        self.step: Any = None
+        self.scale: Any = None  # the train cell or amp scaler holding the loss scale
         if case.loop == "model":
-            cells = _train_model(case, net, optimizer, steps, arm, plain, save_dir)
+            self.model = model_of(case, self.net, self.optimizer)
+            self.scale = self.model.train_network
+        elif case.loop == "cell":
+            self.step = self.scale = train_cell(case, self.net, self.optimizer)
         else:
-            cells = _train_loop(case, net, optimizer, steps, arm, plain, save_dir)
-    arm.warnings = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
-    arm.state = state_of(net, optimizer, *cells)
-    if plain:
-        arm.norms, arm.micro, arm.own = reference_norms(arm.weights, windows, case.suite)
-    return arm
+            jit = case.loop == "jit"
+            self.step, self.scale = function_step(self.net, self.optimizer, case.scaling, jit)
+
+    def steps(self, start: int, stop: int) -> None:
+        """Train steps ``start`` to ``stop`` (monitored, when this is that arm)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with _monitored(self.save_dir, self.case.freq, self.arm) as mon:
+                if self.model is not None:
+                    self._model_steps(start, stop, mon)
+                else:
+                    self._loop_steps(start, stop, mon)
+        ours = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
+        self.arm.warnings += ours
+
+    def _loop_steps(self, start: int, stop: int, mon: Any) -> None:
+        """The three loops under ``mon.watch()`` (unmonitored when ``mon`` is None)."""
+        case, optimizer, arm, plain = self.case, self.optimizer, self.arm, self.plain
+        with mon.watch() if mon is not None else _nothing():
+            for i in range(start, stop):
+                weights = _before_step(case, i, optimizer, arm, plain, self.scale)
+                out = self.step(*[Tensor(a) for pair in self.batches[i] for a in pair])
+                _after_step(case, out, weights, optimizer, arm, self.scale)
+
+    def _model_steps(self, start: int, stop: int, mon: Any) -> None:
+        x = np.concatenate([m[0][0] for m in self.batches[start:stop]])
+        y = np.concatenate([m[0][1] for m in self.batches[start:stop]])
+        dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
+        steps = _Steps(self.case, self.optimizer, self.arm, self.plain, self.scale, start)
+        callbacks = [steps] if mon is None else [steps, mon.callback()]
+        self.model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
+
+    def finish(self) -> None:
+        cells = [self.scale] if self.scale is not None else []
+        self.arm.state = state_of(self.net, self.optimizer, *cells)
+        if self.plain:
+            case = self.case
+            self.arm.norms, self.arm.micro, self.arm.own = reference_norms(
+                self.arm.weights, self.windows, case.suite, case.precision
+            )
 
 
 def _before_step(case, i, optimizer, arm, plain, scale) -> list:
@@ -465,43 +576,63 @@ def _after_step(case, out, weights, optimizer, arm, cell=None) -> None:
 
 def train_cell(case, net, optimizer) -> nn.Cell:
     """The train cell of the ``cell`` and ``model`` loops: MindSpore's ``TrainOneStepCell``
-    when nothing scales, clips or accumulates, else ours, or the suite's."""
+    when nothing scales, clips or accumulates (with ``sens`` the loss scale the optimizer
+    undoes under ``optscale``), MindSpore's ``TrainOneStepWithLossScaleCell`` over a
+    ``FixedLossScaleUpdateCell`` (MindCV's ``trainer_drop``), else ours, or the suite's."""
     if case.suite:
         from tests.conformance.suites import suite_cell
 
         return suite_cell(case.suite, net, loss_function(), optimizer, case)
-    if case.scaling == "none":
-        return nn.TrainOneStepCell(nn.WithLossCell(net, loss_function()), optimizer)
+    if case.scaling in ("none", "optscale"):
+        sens = STATIC_SCALE if case.scaling == "optscale" else 1.0
+        return nn.TrainOneStepCell(nn.WithLossCell(net, loss_function()), optimizer, sens)
+    if case.scaling == "trainer_drop":
+        from tests.conformance.suites import fixed_update_cell
+
+        return fixed_update_cell(nn.WithLossCell(net, loss_function()), optimizer)
     return TrainCell(net, optimizer, case.scaling)
 
 
-def _train_loop(case, net, optimizer, steps, arm, plain, save_dir) -> list:
-    """The three loops under ``mon.watch()`` (unmonitored when ``save_dir`` is None)."""
-    if case.loop == "cell":
-        step = scale = train_cell(case, net, optimizer)
-    else:
-        step, scale = function_step(net, optimizer, case.scaling, jit=case.loop == "jit")
-    with _monitored(save_dir, case.freq, arm) as mon:
-        watch = mon.watch() if mon is not None else _nothing()
-        with watch:
-            for i, micro in enumerate(steps):
-                weights = _before_step(case, i, optimizer, arm, plain, scale)
-                out = step(*[Tensor(a) for pair in micro for a in pair])
-                _after_step(case, out, weights, optimizer, arm, scale)
-    return [scale] if scale is not None else []
+def _model_builds(case: Case) -> bool:
+    """Whether ``Model`` (or MindCV's ``create_trainer``) builds the train cell itself."""
+    return not case.suite and case.scaling in ("none", "optscale", "trainer")
+
+
+def model_of(case: Case, net: nn.Cell, optimizer: Any) -> Model:
+    """The ``Model`` of the ``model`` loop, as users make it: ``Model(net, loss, opt)``
+    (``amp_level`` the case's precision; on the CPU an fp16 level's default dynamic loss
+    scale is refused, so it gets a fixed one, as users there must), with
+    ``FixedLossScaleManager(S, drop_overflow_update=False)`` under ``optscale``; MindCV's
+    ``create_trainer`` under ``trainer``; else ``Model`` over the case's train cell."""
+    amp = "O0" if case.precision == "fp32" else case.precision
+    if case.scaling == "trainer" and not case.suite:
+        from mindcv.utils.trainer_factory import create_trainer
+
+        return create_trainer(
+            net, loss_function(), optimizer, None, amp_level=amp, amp_cast_list=None,
+            loss_scale_type="fixed", loss_scale=STATIC_SCALE, drop_overflow_update=False,
+        )  # fmt: skip
+    if _model_builds(case):
+        scale = STATIC_SCALE if case.scaling == "optscale" else 1.0
+        kwargs: dict[str, Any] = {"amp_level": amp}
+        if case.scaling == "optscale" or case.precision == "O2":
+            kwargs["loss_scale_manager"] = FixedLossScaleManager(scale, drop_overflow_update=False)
+        return Model(net, loss_function(), optimizer, **kwargs)
+    return Model(train_cell(case, net, optimizer))
 
 
 class _Steps(Callback):
-    """The plain arm's record of a ``Model.train`` step (and the by-hand lr change)."""
+    """The plain arm's record of a ``Model.train`` step (and the by-hand lr change);
+    ``start``: the case's step the ``Model.train`` call began at."""
 
-    def __init__(self, case, optimizer, arm, plain, cell) -> None:
+    def __init__(self, case, optimizer, arm, plain, cell, start: int = 0) -> None:
         super().__init__()
         self.case, self.optimizer = case, optimizer
-        self.arm, self.plain, self.cell = arm, plain, cell
+        self.arm, self.plain, self.cell, self.start = arm, plain, cell, start
         self.weights: list = []
 
     def on_train_step_begin(self, run_context):
-        i = run_context.original_args().cur_step_num - 1
+        i = self.start + run_context.original_args().cur_step_num - 1
         self.weights = _before_step(self.case, i, self.optimizer, self.arm, self.plain, self.cell)
 
     def on_train_step_end(self, run_context):
@@ -509,29 +640,15 @@ class _Steps(Callback):
         _after_step(self.case, out, self.weights, self.optimizer, self.arm, self.cell)
 
 
-def _train_model(case, net, optimizer, steps, arm, plain, save_dir) -> list:
-    if case.scaling == "none" and not case.suite:
-        model = Model(net, loss_function(), optimizer)
-        cell = None
-    else:
-        cell = train_cell(case, net, optimizer)
-        model = Model(cell)
-    x = np.concatenate([m[0][0] for m in steps])
-    y = np.concatenate([m[0][1] for m in steps])
-    dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
-    with _monitored(save_dir, case.freq, arm) as mon:
-        callbacks = [_Steps(case, optimizer, arm, plain, cell)]
-        if mon is not None:
-            callbacks.append(mon.callback())
-        model.train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
-    return [model.train_network]
-
-
 @contextmanager
 def _monitored(save_dir, freq: int, arm: Arm) -> Iterator[Any]:
     if save_dir is None:
         yield None
         return
+    # here, not at the top: the reference process (test_after_close) never imports it
+    from msmon_nb.events.runs import load_run
+    from msmon_nb.monitor import Monitor
+
     with Monitor(save_dir=str(save_dir), log_interval=freq) as mon:
         yield mon
     arm.run = load_run(mon.run_dir)
@@ -590,6 +707,9 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
             assert math.isclose(lr[i], plain.lrs[i], rel_tol=rtol), (
                 f"learning_rate at step {i}: {lr[i]} recorded, {plain.lrs[i]} used"
             )
+    # float16 gradients of the compiled graph and of the PyNative twin round differently
+    # (0.32% seen at O3): the norms' tolerance is float16's, 1e-2, as for the trainers'
+    tol = 1e-3 if case.precision == "fp32" else 1e-2
     norms = _series(run, "train/grad_norm", first)
     for i in collected:
         expected = plain.norms[i] if plain.applied[i] and not plain.overflow[i] else None
@@ -597,33 +717,37 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
             assert i not in norms, f"grad_norm at step {i}, which applied no update"
             continue
         assert i in norms, f"no grad_norm at step {i}; warnings: {mon.warnings}"
-        assert math.isclose(norms[i], expected, rel_tol=1e-3), (
+        assert math.isclose(norms[i], expected, rel_tol=tol), (
             f"grad_norm at step {i}: {norms[i]} recorded, {expected} by the contract"
         )
-    if case.scaling == "clip":
+    if case.scaling in ("clip", "clip_accumulate"):  # (accumulating: on updates only)
         clipped = _series(run, "train/grad_norm_clipped", first)
         for i in collected:
-            assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=1e-3)
-    if case.scaling == "accumulate":
+            if plain.applied[i]:
+                assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=tol)
+    if case.scaling in ACCUMULATING:
         micro = _series(run, "train/micro_grad_norm", first)
         if case.loop == "pynative":  # each micro-batch's gradient is seen where produced
             for i in collected:
-                assert math.isclose(micro[i], plain.micro[i], rel_tol=1e-3), f"micro at {i}"
+                assert math.isclose(micro[i], plain.micro[i], rel_tol=tol), f"micro at {i}"
         elif case.loop in ("cell", "model") and case.suite in MICRO_IN_GRAPH:
             # each call adds its micro-batch's gradient with MindSpore's accumulation op,
             # which the taps see inside the graph
             assert sorted(micro) == collected, f"micro_grad_norm at {sorted(micro)}"
             for i in collected:
-                assert math.isclose(micro[i], plain.own[i], rel_tol=1e-3), f"micro at {i}"
+                assert math.isclose(micro[i], plain.own[i], rel_tol=tol), f"micro at {i}"
             assert not any("micro_grad_norm is not recorded" in w for w in mon.warnings)
         elif case.loop in ("cell", "model"):  # inside the cell's graph: said once, not faked
             assert not micro
             assert sum("micro_grad_norm is not recorded" in w for w in mon.warnings) == 1
         # (a jit step taking both micro-batches' gradients inside one graph shows the
         # monitor one update of one gradient: nothing tells it the step accumulates)
-    if case.scaling in ("static", "dynamic"):
+    if case.scaling in ("static", "dynamic", "trainer_drop"):
         scales = _series(run, "train/loss_scale", first)
         assert scales == {i: plain.scales[i] for i in collected}, "train/loss_scale"
+    if case.scaling in ("optscale", "trainer"):  # the cell's sens: recorded or not, not wrong
+        scales = _series(run, "train/loss_scale", first)
+        assert all(v == STATIC_SCALE for v in scales.values()), f"train/loss_scale {scales}"
     if case.scaling == "dynamic":
         flags = _series(run, "train/overflow", first)
         assert flags == {i: float(plain.overflow[i]) for i in collected}, "train/overflow"

@@ -104,7 +104,8 @@ def _on_cpu(cls: type) -> type:
 
 def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case: Any) -> nn.Cell:
     """The suite's train cell for ``case.scaling`` (none, static, dynamic, clip,
-    accumulate, ema), with the harness's constants (scale, clip norm, micro-batches)."""
+    accumulate, clip_accumulate, ema), with the harness's constants (scale, clip norm,
+    micro-batches)."""
     from tests.conformance import harness as h
 
     cls, ema_cls = _classes(suite)
@@ -117,8 +118,8 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     else:
         scale = Tensor(h.STATIC_SCALE if scaling == "static" else 1.0, ms.float32)
     network = nn.WithLossCell(net, loss_fn)
-    accumulate = h.MICRO if scaling == "accumulate" else 1
-    clip = scaling == "clip"
+    accumulate = h.MICRO if scaling in h.ACCUMULATING else 1
+    clip = scaling in ("clip", "clip_accumulate")  # the second: after accumulating
     if suite == "boost":
         return boost_cell(net, loss_fn, optimizer)
     if suite == "mindcv":
@@ -130,6 +131,34 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     return cls(
         network, optimizer, scale_sense=scale, ema=ema, drop_overflow_update=True,
         gradient_accumulation_steps=accumulate, clip_grad=clip, clip_norm=h.CLIP,
+    )  # fmt: skip
+
+
+def fixed_update_cell(network: nn.Cell, optimizer: Any) -> nn.Cell:
+    """What MindCV's ``create_trainer(loss_scale_type="fixed", loss_scale=S,
+    drop_overflow_update=True)`` has ``Model`` build on a device (``amp.build_train_network``):
+    MindSpore's ``TrainOneStepWithLossScaleCell`` over a ``FixedLossScaleUpdateCell(S)``,
+    the optimizer's own scale 1 (MindCV's ``train.py`` gives it ``loss_scale`` only when
+    nothing else undoes it). On the CPU both refuse to build it (``EXCLUDED``), so it is
+    built here, its overflow check done by ``amp.all_finite`` (``_on_cpu``)."""
+    from tests.conformance import harness as h
+
+    cell = _on_cpu(nn.TrainOneStepWithLossScaleCell)
+    return cell(network, optimizer, scale_sense=nn.FixedLossScaleUpdateCell(h.STATIC_SCALE))
+
+
+def _mindcv_trainer_drop() -> None:
+    """MindCV's ``create_trainer`` with a fixed scale and ``drop_overflow_update=True``."""
+    from mindcv.optim import create_optimizer
+    from mindcv.utils.trainer_factory import create_trainer
+
+    from tests.conformance import harness as h
+
+    net = h.network()
+    optimizer = create_optimizer(net.trainable_params(), opt="adamw", lr=h.LR)
+    create_trainer(
+        net, h.loss_function(), optimizer, None, amp_level="O0", amp_cast_list=None,
+        loss_scale_type="fixed", loss_scale=h.STATIC_SCALE, drop_overflow_update=True,
     )  # fmt: skip
 
 
@@ -227,6 +256,12 @@ EXCLUDED: dict[str, tuple[str, Any, str]] = {
     "boost-model-dynamic": (
         "amp.build_train_network takes no updating loss scale on the CPU",
         _boost_dynamic_by_model,
+        "are supported on device `CPU`",
+    ),
+    "mindcv-trainer-drop": (
+        "MindCV's create_trainer builds no drop_overflow_update=True cell on the CPU "
+        "(the matrix's trainer_drop builds it as a device would: fixed_update_cell)",
+        _mindcv_trainer_drop,
         "are supported on device `CPU`",
     ),
     "boost-cell-dynamic": (

@@ -10,7 +10,17 @@ import pytest
 from mindspore import Tensor, nn
 
 from tests.conformance.harness import loss_function, network
-from tests.conformance.optimizers import BUILD, EXCLUDED, compared_names, found
+from tests.conformance.optimizers import (
+    BUILD,
+    BUILT_BY,
+    EXCLUDED,
+    UNIMPORTABLE,
+    compared_names,
+    exports,
+    found,
+    import_all,
+    walked,
+)
 
 
 def test_every_found_optimizer_is_built_or_excluded():
@@ -32,6 +42,33 @@ def test_introspection_finds_each_source():
     assert counts["nn."] >= 15 and counts["experimental.optim."] >= 10
     assert counts["mint.optim."] >= 2 and counts["mindcv:"] >= 10 and counts["mindone:"] >= 7
     assert {"mindcv:adamw", "mindcv:lion", "mindcv:adan", "mindone:adamw_re"} <= set(names)
+    # exported by no module: reached only by walking subclasses
+    assert {"experimental.optim.adamw.SpeedAdamW", "nn.optim.thor.ThorGpu"} <= set(names)
+
+
+def test_every_subclass_is_exported_built_by_a_factory_or_named():
+    """Each Optimizer subclass the walk reaches is a class a module exports, a class a
+    factory name builds (``BUILT_BY``: the factory's module holds it), or found under its
+    own path (then trained or excluded like any other name)."""
+    import mindcv.optim.optim_factory as mindcv_factory
+    import mindone.trainers.optim as mindone_factory
+
+    classes = walked()
+    names = set(found())
+    held = {id(v) for m in (mindcv_factory, mindone_factory) for v in vars(m).values()}
+    for path, name in BUILT_BY.items():
+        assert path in classes, f"{path} is no longer a subclass here"
+        assert id(classes[path]) in held, f"{name}'s factory no longer holds {path}"
+        assert name in names
+    exported = set(exports())
+    for path, cls in classes.items():
+        assert cls in exported or path in BUILT_BY or path in names, path
+
+
+def test_modules_that_do_not_import_are_the_known_ones():
+    """A module of a walked package that fails to import hides its classes from the walk:
+    only those named in ``UNIMPORTABLE`` may."""
+    assert set(import_all()) == set(UNIMPORTABLE)
 
 
 def test_factory_names_are_read_from_the_source():
@@ -57,7 +94,9 @@ def test_each_exclusion_still_holds(name):
     x = Tensor(np.ones((8, 8), np.float32))
     y = Tensor(np.zeros(8, np.int32))
     with pytest.raises(Exception, match=None) as failure:
-        optimizer = build(net.trainable_params(), 0.01)
+        # (nn.thor's classes take the network itself)
+        extra = {"net": net} if getattr(build, "takes_net", False) else {}
+        optimizer = build(net.trainable_params(), 0.01, **extra)
         cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_function()), optimizer)
         for _ in range(3):
             cell(x, y)

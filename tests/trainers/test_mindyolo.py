@@ -9,6 +9,8 @@ step). The network is built from MindYOLO's own layers (``ConvNormAct``, ``C2f``
 
 from __future__ import annotations
 
+import warnings
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -150,5 +152,80 @@ def test_dynamic_loss_scale_overflow_is_marked_not_alerted(tmp_path, jit):
     assert grad_norm.steps.tolist() == good
     # float16 gradients: scaled then unscaled, or taken unscaled, round differently
     np.testing.assert_allclose(grad_norm.values, [expected[s][1] for s in good], rtol=2e-2)
+    assert not mon.alerts, [a.message for a in mon.alerts]
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+ACCUMULATE = 2
+
+
+def _add(a, b):
+    return a + b
+
+
+def drive_accumulating(step, scaler, opt, reference=None):
+    """MindYOLO's ``Trainer.train_step`` with ``accumulate=2``: each call returns the
+    unscaled gradients (``optimizer_update=False``), the host adds them up (a sum, not a
+    mean: its ``_get_accumulate_grads_fn``) and calls the optimizer on every 2nd. With
+    ``reference`` (the twin's net and loss), returns per update (the micro-batches'
+    losses, the float64 norm of their summed unscaled gradients), taken before it."""
+    hyper_map = ops.HyperMap()
+    grad_fn = None
+    if reference is not None:
+        net, loss_fn = reference
+        grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y, x)[0], None, opt.parameters)
+    expected, held, micro = [], None, []
+    for i, (x, y) in enumerate(batches()):
+        if grad_fn is not None:
+            loss, grads = grad_fn(x, y)
+            micro.append((float(loss.asnumpy()), [g.asnumpy().astype(np.float64) for g in grads]))
+        _, _, grads, finite = step(x, y, False)
+        scaler.adjust(finite)
+        held = grads if held is None else hyper_map(_add, held, grads)
+        if (i + 1) % ACCUMULATE == 0:
+            if micro:
+                summed = [sum(gs) for gs in zip(*(g for _, g in micro), strict=True)]
+                norm = float(np.sqrt(sum(float((g * g).sum()) for g in summed)))
+                expected.append(([m[0] for m in micro], norm))
+                micro = []
+            opt(held)
+            held = None
+    return expected
+
+
+# found by this test, not fixed here (collect/watch.py's step shapes): with ms_jit, the
+# first micro-batch's jit call, before any optimizer call was seen, is recorded as a step
+# of its own (5 steps for 4 updates), its grad_norm the step's second output, which is
+# MindYOLO's loss_items (the loss, 64.6, for a norm of 41.4): a wrong number, no warning
+JIT_FIRST_MICRO = pytest.mark.xfail(
+    strict=True, reason="ms_jit host accumulation: first micro-batch recorded as a step"
+)
+
+
+@pytest.mark.parametrize(
+    "jit", [False, pytest.param(True, marks=JIT_FIRST_MICRO)], ids=["pynative", "ms_jit"]
+)
+def test_host_accumulation_of_micro_batches(tmp_path, jit):
+    """``accumulate=2`` (MindYOLO's host-side accumulation, a static scale of 1024): one
+    step per optimizer call; its grad_norm is the norm of what the optimizer applied,
+    the sum of the two micro-batches' unscaled gradients."""
+    plain_net, plain_opt, plain_step, plain_scaler = build(jit, 0.0, "static", 1024.0)
+    expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
+    net, opt, step, scaler = build(jit, 0.0, "static", 1024.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+            drive_accumulating(step, scaler, opt)
+    told = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
+    run = load_run(mon.run_dir)
+    grad_norm = run.scalars("train/grad_norm")
+    assert grad_norm.steps.tolist() == list(range(STEPS // ACCUMULATE)), told
+    np.testing.assert_allclose(grad_norm.values, [e[1] for e in expected], rtol=1e-3)
+    # the last micro-batch's loss: what the step returned when the update ran, and what
+    # MindYOLO's Trainer logs (DESIGN.md says the mean of the micro-batches': not so in
+    # function loops, here or in tests/conformance's accumulating PyNative case)
+    np.testing.assert_allclose(
+        run.scalars("train/loss").values, [e[0][-1] for e in expected], rtol=1e-4
+    )
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())

@@ -37,6 +37,9 @@ CASES = [
     *(Case("mindcv:adamw", "model", "list", s, suite="mindcv") for s in SCALINGS),
     *(Case("mindcv:adamw", "model", "schedule", s, suite="mindocr") for s in SCALINGS),
     Case("mindcv:lion", "cell", "list", "accumulate", 3, suite="mindocr"),
+    # clipping the accumulated gradient, on the update (docs/CONFORMANCE.md's table)
+    Case("mindone:adamw_re", "cell", "list", "clip_accumulate", suite="mindone"),
+    Case("mindcv:adamw", "model", "schedule", "clip_accumulate", suite="mindocr"),
     *(Case("nn.Momentum", loop, "list", "none", suite="boost") for loop in ("cell", "model")),
 ]  # fmt: skip
 
