@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from mindtorch.autograd import value_and_grad
 
@@ -203,12 +205,22 @@ def test_two_torch_style_optimizers_in_one_iteration(tmp_path):
             actor.zero_grad()
     run = load_run(mon.run_dir)
     assert "train/loss" not in run.tags and "train/learning_rate" not in run.tags
+    # named after the network each one trains (its param_groups' parameters)
     names = sorted({t.split("/")[1] for t in run.tags if t.startswith("opt/")})
-    assert len(names) == 2, run.tags
-    for name in names:
-        assert steps_of(run, f"opt/{name}/loss") == list(range(UPDATES))
-    # which is which: the lr each one's param_groups hold
-    lrs = {n: run.scalars(f"opt/{n}/learning_rate").values.tolist() for n in names}
+    assert names == ["actor", "critic"], run.tags
     for who, lr in (("critic", 0.01), ("actor", 0.02)):
-        (name,) = [n for n in names if np.allclose(lrs[n], lr, rtol=1e-6)]
-        np.testing.assert_allclose(run.scalars(f"opt/{name}/loss").values, losses[who], rtol=1e-6)
+        assert steps_of(run, f"opt/{who}/loss") == list(range(UPDATES))
+        np.testing.assert_allclose(run.scalars(f"opt/{who}/loss").values, losses[who], rtol=1e-6)
+        np.testing.assert_allclose(run.scalars(f"opt/{who}/learning_rate").values, lr, rtol=1e-6)
+
+
+def test_lr_scale_and_checkpoint_refuse_a_torch_style_optimizer(tmp_path):
+    """``lr xF`` and ``checkpoint`` act on MindSpore optimizers: on mindtorch's they say
+    why not and change nothing."""
+    with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+        loop()
+    with pytest.raises(ValueError, match=r"AdamW is a torch-style optimizer.*Nothing was changed"):
+        mon.scale_lr(0.5)
+    with pytest.raises(ValueError, match=r"AdamW is not a MindSpore Cell or optimizer"):
+        mon.checkpoint()
+    assert not (Path(mon.run_dir) / "checkpoints").exists()
