@@ -75,6 +75,12 @@ NO_SKIP = (
 )
 
 
+def imported() -> bool:
+    """Whether the process has imported mindtorch (MindNLP): a dict lookup, asked at each
+    step's begin until it has."""
+    return TORCH_OPTIMIZER in sys.modules
+
+
 def is_torch_optimizer(obj: Any) -> bool:
     """Whether ``obj`` is one of mindtorch's optimizers (where mindtorch is imported)."""
     base = getattr(sys.modules.get(TORCH_OPTIMIZER), "Optimizer", None)
@@ -198,7 +204,7 @@ class TorchStyle:
         begin until the loop has imported it."""
         if self.attached:
             return True
-        if TORCH_OPTIMIZER not in sys.modules:
+        if not imported():
             return False
         way = torch_style()
         if not way.available:

@@ -53,6 +53,7 @@ from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, value
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.torchstyle import TorchStyle, is_torch_optimizer, step_loss
+from msmon_nb.collect.torchstyle import imported as torch_imported  # (a dict lookup)
 from msmon_nb.collect.unscale import received_factor
 from msmon_nb.collect.values import (
     cell_loss_scale,
@@ -669,7 +670,7 @@ class Watch:
                 return
             self._finish()
         rec = self.monitor
-        if not self._torch.attached:  # the loop imported MindNLP after the watch began
+        if not self._torch.attached and torch_imported():  # MindNLP imported in the loop
             rec.guard("attaching to torch-style optimizers", self._torch.attach)
         if rec.stop_requested or rec.paused:  # asked between steps: start no new one
             rec.boundary(raise_stop=True)
