@@ -251,7 +251,6 @@ class TorchStyle:
             watch = self.watch
             if not self.attached or watch.busy() or self._running:
                 return function(parameters, *args, **kwargs)
-            self._clip_calls += 1
             params = None
             if watch.collect:
                 if not hasattr(parameters, "shape"):  # an iterable (a generator) of them
@@ -260,6 +259,7 @@ class TorchStyle:
                     "reading what clip_grad_norm_ clips", _with_grad, parameters
                 )
             out = function(parameters, *args, **kwargs)
+            self._clip_calls += 1  # (one that raised clipped nothing: error_if_nonfinite)
             if watch.collect:
                 max_norm = _number(_arg(args, kwargs, 0, "max_norm", None))
                 norm_type = _number(_arg(args, kwargs, 1, "norm_type", 2.0))
