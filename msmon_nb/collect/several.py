@@ -51,11 +51,17 @@ def attribute(calls: Sequence[tuple[int, float]], candidates: Sequence[Any]) -> 
         if key in by_key:
             return None  # two optimizers of the same shape: which is which is unknown
         by_key[key] = optimizer
+    given = [(by_key.get(key), norm) for key, norm in calls]
+    if any(optimizer is None for optimizer, _ in given):
+        return None
+    return grouped(given)
+
+
+def grouped(calls: Sequence[tuple[Any, float]]) -> Calls:
+    """``(optimizer, norm)`` calls as each optimizer's norms, in the order they first
+    stepped."""
     out: Calls = []
-    for key, norm in calls:
-        optimizer = by_key.get(key)
-        if optimizer is None:
-            return None
+    for optimizer, norm in calls:
         for known, norms in out:
             if known is optimizer:
                 norms.append(norm)

@@ -49,7 +49,7 @@ from msmon_nb.collect.optstate import find_optimizer
 from msmon_nb.collect.parts import Namer, Part, Parts, merge, user_namespaces
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
-from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, values_for
+from msmon_nb.collect.several import attribute, grouped, optimizers_held, read_lrs, values_for
 from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.torchstyle import TorchStyle, is_torch_optimizer, step_loss
@@ -898,19 +898,12 @@ class Watch:
             calls = attribute(seen.calls, optimizers_held(self.owner))
             count, lrs = len(seen.calls), self.lrs
         else:  # PyNative: each inner call seen, with its gradients
-            calls = []
+            norms = []
             for opt, grads, _ in self.inner:
                 norm = norm_now(grads) if grads is not None else None
                 factor, _ = received_factor(opt, to_float)
-                norm = None if norm is None or factor is None else norm * factor
-                for known, norms in calls:
-                    if known is opt:
-                        norms.append(norm)
-                        break
-                else:
-                    calls.append((opt, [norm]))
-            if any(n is None for _, norms in calls for n in norms):
-                calls = None
+                norms.append((opt, None if norm is None or factor is None else norm * factor))
+            calls = None if any(n is None for _, n in norms) else grouped(norms)
             count, lrs = len(self.inner), {id(o): lr for o, _, lr in self.inner if lr is not None}
         warn = self.monitor.warn_once
         return values_for(calls, count, self.outputs, lrs, self._namer, warn)
