@@ -40,6 +40,12 @@ def parameters_of(network: Any, optimizer: Any) -> list[Any]:
     for owner in (network, optimizer):
         if owner is None:
             continue
+        if not hasattr(owner, "parameters_and_names"):  # a torch-style optimizer's
+            raise NothingToSave(
+                f"{type(owner).__name__} is not a MindSpore Cell or optimizer (a torch-style "
+                "one: MindNLP's mindtorch): save it your framework's way, e.g. "
+                "trainer.save_model() or torch.save(optimizer.state_dict(), path)"
+            )
         for _, param in owner.parameters_and_names():
             if not param.name.startswith("msmon_"):
                 seen.setdefault(param.name, param)

@@ -14,6 +14,10 @@ differs on the versions we test (2.7.1 and 2.10):
   (the old ``mindspore.common.api`` path logs a deprecation warning there) and in
   ``mindspore.common.api`` before.
 
+Torch-style training on MindSpore (MindNLP's ``mindtorch``) has its own ways in,
+``torch_style()``: found in ``sys.modules`` only where the loop imported it, never
+imported here.
+
 A way in with no place found is reported by the watch (one ``MonitorWarning`` naming
 what is not observed); everything else still works. ``ways_in()`` is what
 ``msmon doctor`` prints. MindSpore is imported only inside these functions.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -243,6 +248,38 @@ def _model() -> WayIn:
     if all(t is None for t in targets):
         return WayIn("model", observes, (), tuple(paths))
     return _partial("model", observes, targets, paths, tuple(paths))
+
+
+# MindNLP's torch-compatible layer: where its optimizers' global step hooks and its
+# ``clip_grad_norm_`` live (``torch.*`` are proxies of these under MindNLP)
+TORCH_OPTIMIZER = "mindtorch.optim.optimizer"
+TORCH_CLIP = ("mindtorch.nn.utils", "mindtorch.nn.utils.clip_grad")
+_STEP_HOOKS = ("register_optimizer_step_pre_hook", "register_optimizer_step_post_hook")
+
+
+def torch_style() -> WayIn:
+    """Torch-style optimizers (``step()``, ``param_groups``) and ``clip_grad_norm_`` of
+    MindNLP's ``mindtorch``, where the process has imported it.
+
+    The optimizers are seen through torch's public global step hooks, which every
+    ``Optimizer`` subclass's ``step()`` runs (mindtorch wraps each class's ``step`` once,
+    at its first instance); ``clip_grad_norm_`` is replaced in the modules that hold it
+    (``accelerate``'s and transformers' ``clip_grad_norm_`` call it through
+    ``torch.nn.utils``, a proxy of ``mindtorch.nn.utils``). Looked up in ``sys.modules``
+    only: msmon_nb does not depend on MindNLP, and importing it replaces parts of
+    ``transformers`` and takes seconds, which a loop that does not use it must not pay."""
+    optim = sys.modules.get(TORCH_OPTIMIZER)
+    paths = tuple(f"{TORCH_OPTIMIZER}.{name}" for name in _STEP_HOOKS)
+    observes = "torch-style optimizer updates (MindNLP's mindtorch: step(), param_groups)"
+    hooks = [_target(optim, name, path) for name, path in zip(_STEP_HOOKS, paths, strict=True)]
+    if optim is None or any(t is None for t in hooks):
+        return WayIn("torch_style", observes, (), paths)
+    clip_paths = [f"{name}.clip_grad_norm_" for name in TORCH_CLIP]
+    clips = [
+        _target(sys.modules.get(name), "clip_grad_norm_", path)
+        for name, path in zip(TORCH_CLIP, clip_paths, strict=True)
+    ]
+    return _partial("torch_style", observes, [*hooks, *clips], [*paths, *clip_paths], paths)
 
 
 def find_ways_in() -> dict[str, WayIn]:

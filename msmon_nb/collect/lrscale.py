@@ -38,6 +38,13 @@ def lr_parameters(optimizer: Any) -> list[Any]:
             "(e.g. mon.step(loss=l, optimizer=opt)), or monitor with mon.watch() / "
             "%%msmonitor or Model.train with mon.callback()"
         )
+    if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "learning_rate"):
+        raise CannotScale(
+            f"{type(optimizer).__name__} is a torch-style optimizer (MindNLP's mindtorch): its "
+            "lr is param_groups[i]['lr'], which a torch scheduler (transformers' LambdaLR) "
+            "sets again at its next step, so a scaled lr would not last; scale it in your "
+            "schedule. Nothing was changed"
+        )
     lrs = getattr(optimizer, "lrs", None)  # mindspore.experimental.optim, mint.optim
     if isinstance(lrs, list | tuple) and lrs:
         forms = list(lrs)

@@ -182,7 +182,12 @@ def unique_names(wanted: Iterable[str]) -> list[str]:
     return out
 
 
-def user_namespaces(skip: tuple[str, ...] = ("msmon_nb", "mindspore")) -> list[Mapping[str, Any]]:
+# frameworks whose frames sit between the user's loop and a way in (a torch-style
+# optimizer's step() calls the hooks from mindtorch's own wrapper)
+FRAMEWORKS = ("msmon_nb", "mindspore", "mindtorch")
+
+
+def user_namespaces(skip: tuple[str, ...] = FRAMEWORKS) -> list[Mapping[str, Any]]:
     """The local then global names of the innermost frame of the user's code on the
     stack (the first whose module is none of ``skip``), then its callers' locals: where
     the loop's optimizers and networks have names. Read only."""
@@ -245,7 +250,7 @@ def derive_names(
     optimizer's own variable, else ``opt<i>`` in the order they first stepped."""
     wanted = []
     for i, optimizer in enumerate(optimizers):
-        params = _ids(getattr(optimizer, "parameters", ()))
+        params = _ids(_updated(optimizer))
         name = None
         for label, value in (given or {}).items():
             if _names(value, optimizer, params, network_only=False):
@@ -290,6 +295,15 @@ def _names(value: Any, optimizer: Any, params: frozenset[int], network_only: boo
     if not callable(trainable) or not params:
         return False
     return _ids(trainable()) == params
+
+
+def _updated(optimizer: Any) -> list[Any]:
+    """The parameters ``optimizer`` updates: an ``nn.Optimizer``'s ``parameters``, or a
+    torch-style one's (MindNLP's mindtorch) ``param_groups``."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not hasattr(optimizer, "parameters") and isinstance(groups, list | tuple):
+        return [p for g in groups if isinstance(g, dict) for p in g.get("params", ())]
+    return list(getattr(optimizer, "parameters", ()) or ())
 
 
 def _ids(params: Any) -> frozenset[int]:

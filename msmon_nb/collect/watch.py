@@ -54,6 +54,8 @@ from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.several import attribute, grouped, optimizers_held, read_lrs, values_for
 from msmon_nb.collect.tapguard import run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
+from msmon_nb.collect.torchstyle import TorchStyle, is_torch_optimizer, step_loss
+from msmon_nb.collect.torchstyle import imported as torch_imported  # (a dict lookup)
 from msmon_nb.collect.unscale import received_factor
 from msmon_nb.collect.values import (
     cell_loss_scale,
@@ -141,6 +143,7 @@ class Watch:
         self._blame = keeps_param_norms(recorder.config)
         self._names: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (optimizer, names)
         self._buffers: dict[int, tuple[Any, bool | None]] = {}  # id -> (owner, holds_buffer)
+        self._torch = TorchStyle(self)  # torch-style optimizers, MindNLP's (collect.torchstyle)
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -168,6 +171,8 @@ class Watch:
         self.held: list[tuple[float | None, float]] = []
         # each parameter's gradient norm as a graph step's optimizer tap measured it
         self.param_norms: tuple[Sequence[str], Any] | None = None
+        self.update: Any = None  # the torch-style update that ended the step (torchstyle)
+        self.losses: list[Any] = []  # earlier micro-batches' losses this step
 
     # --- patching -----------------------------------------------------------------------
 
@@ -221,6 +226,7 @@ class Watch:
                 self._patches.put(target.owner, target.name, makers[name](function, target))
             except (TypeError, AttributeError) as exc:
                 missing.append(f"not observed: {ways[name].observes} ({target.path}: {exc})")
+        self.monitor.guard("attaching to torch-style optimizers", self._torch.attach)
         gate = self.monitor.skip_gate()
         if ways["optimizer"].available:
             from msmon_nb.collect.gradtaps import StepTaps
@@ -259,6 +265,7 @@ class Watch:
             pass
         try:
             self._patches.restore()
+            self._torch.detach()
             if self.tap is not None:
                 self.tap.uninstall()
             if self._loss_tapped:
@@ -296,6 +303,8 @@ class Watch:
             # (run_args, output), or only run_args (GradOperation on MindSpore 2.7)
             pair = isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], tuple)
             if pair and (watch.collect or watch._gate_loss()):
+                if watch.loss is not None and watch.calls > 1:  # accumulation: a torch-style
+                    watch.losses.append(watch.loss)  # update's loss sums them (torchstyle)
                 watch.loss = out[1]
             return out
 
@@ -441,6 +450,36 @@ class Watch:
             return out
 
         return jit_executor_call
+
+    # --- torch-style optimizers: collect.torchstyle's hooks call these -------------------
+
+    def busy(self) -> bool:
+        """Inside a call the hooks pass through (``Model.train``, an optimizer's, the
+        monitor's own work): a torch-style update or clip there is not the user's."""
+        return bool(self._in_model or self._in_opt)
+
+    def update_begins(self) -> bool:
+        """A torch-style optimizer's ``step()`` begins: it joins the open step or opens
+        one, as an ``nn.Optimizer`` call does; True where the user's code called it."""
+        top = self._depth == 0
+        if top:
+            self._begin("opt")
+        self.opt_seen = True  # a closure's forward and backward inside step() join it
+        return top
+
+    def update_ends(self, update: Any, grads: Any) -> None:
+        """A torch-style ``step()`` returned (``update``: ``torchstyle.Update``): it ends
+        the step as an ``nn.Optimizer`` call does. ``grads``: what it received, where no
+        clip call says better."""
+        self._opt_calls += 1
+        if not update.top and update.collect:  # inside the user's call: whose gradients
+            self.inner.append((update.optimizer, grads, update.lr))
+        self.opt, self.lr, self.update = update.optimizer, update.lr, update
+        if update.collect:
+            self.opt_grads = grads
+        self.opt_seen = True
+        if update.top:
+            self._finish()
 
     def _framework_jit(self, name: str, original: Any, executor: Any, args, kwargs) -> Any:
         """A jit function of MindSpore's own, called from Python: it joins the open step
@@ -625,6 +664,8 @@ class Watch:
                 return
             self._finish()
         rec = self.monitor
+        if not self._torch.attached and torch_imported():  # MindNLP imported in the loop
+            rec.guard("attaching to torch-style optimizers", self._torch.attach)
         if rec.stop_requested or rec.paused:  # asked between steps: start no new one
             rec.boundary(raise_stop=True)
         self.pending = True
@@ -742,6 +783,8 @@ class Watch:
         if seen.produced is not None and self.micro:
             seen.micro = [*self.micro, seen.produced]
         in_python = False  # seen.received is a norm taken here, not the tap's
+        if self.update is not None:  # a torch-style update: its clip call (torchstyle)
+            self._guard(self._torch.fill, seen, self.update)
         if self.opt_grads is not None:
             seen.optimizer_ran = True
             unseen = seen.produced is None and not seen.produced_later
@@ -802,6 +845,8 @@ class Watch:
             owner = self.opt if self.opt is not None or not self._blame else self._step_optimizer()
             params = list(getattr(owner, "parameters", ())) if owner is not None else None
             loss = self.raw_loss if self.raw_loss is not None else self.loss
+            if self.update is not None and self.losses:  # the micro-batches it applies
+                loss = self._guard(step_loss, self.losses, loss)
             if self._guard(scaling_artifact, extra, loss):
                 loss = None
             with self.ours():  # the monitor's own device work (devnorm's jit) is no step
@@ -914,10 +959,11 @@ class Watch:
         seen: list[Any] = []
         for space in user_namespaces():
             for value in list(space.values()):
-                held = value if is_optimizer(value) else None
+                held = value if is_optimizer(value) or is_torch_optimizer(value) else None
                 if held is None and isinstance(value, nn.Cell):
                     held = getattr(value, "optimizer", None)  # a train cell's
-                if held is not None and is_optimizer(held) and not any(held is o for o in seen):
+                mine = held is not None and (is_optimizer(held) or is_torch_optimizer(held))
+                if mine and not any(held is o for o in seen):
                     seen.append(held)
         return len(seen) > 1
 
