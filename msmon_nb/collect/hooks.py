@@ -299,3 +299,14 @@ def ways_in() -> dict[str, Any]:
         }
         for name, w in find_ways_in().items()
     }
+
+
+def closure_filled(cell: Any) -> bool:
+    """Whether a function's closure cell holds a value (an empty one raises on read): the
+    walks over what a step function refers to (``optstate.find_optimizer``,
+    ``recompile.holds_taps``) skip the empty ones."""
+    try:
+        cell.cell_contents  # noqa: B018 -- an empty closure cell raises
+    except ValueError:
+        return False
+    return True

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msmon_nb.collect.active import quiet
-from msmon_nb.collect.hooks import is_optimizer
+from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.tensors import to_float, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.norms import norms
@@ -266,7 +266,7 @@ def _referred(fn: Any, test: Callable[[Any], Any], depth: int, seen: set[int]) -
     if code is None or depth == 0 or id(fn) in seen:
         return None
     seen.add(id(fn))
-    candidates = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+    candidates = [c.cell_contents for c in (fn.__closure__ or ()) if closure_filled(c)]
     globals_ = getattr(fn, "__globals__", {})
     candidates += [globals_[n] for n in code.co_names if n in globals_]
     for obj in candidates:
@@ -278,11 +278,3 @@ def _referred(fn: Any, test: Callable[[Any], Any], depth: int, seen: set[int]) -
         if found is not None:
             return found
     return None
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 -- an empty closure cell raises
-    except ValueError:
-        return False
-    return True

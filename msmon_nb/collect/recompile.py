@@ -49,7 +49,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from msmon_nb.collect.hooks import compile_cache, is_optimizer, jit_api
+from msmon_nb.collect.hooks import closure_filled, compile_cache, is_optimizer, jit_api
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.tapguard import drop_compiled
 
@@ -278,7 +278,7 @@ def _referred(item: Any, names: tuple[str, ...]) -> list[tuple[Any, tuple[str, .
         return out
     if isinstance(item, types.FunctionType):
         own = _code_names(item)
-        out = [(c.cell_contents, own) for c in item.__closure__ or () if _filled(c)]
+        out = [(c.cell_contents, own) for c in item.__closure__ or () if closure_filled(c)]
         found = item.__globals__
         out += [(found[n], own) for n in own if n in found]
         return out
@@ -335,11 +335,3 @@ def _is_cell(item: Any) -> bool:
     from mindspore import nn
 
     return isinstance(item, nn.Cell)
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 -- an empty closure cell raises
-    except ValueError:
-        return False
-    return True

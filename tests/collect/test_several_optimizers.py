@@ -13,11 +13,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
-from mindspore.amp import all_finite
 
 from msmon_nb.collect.parts import Part, Parts, derive_names, merge
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
+from tests.support.overflow import on_cpu
 
 Z, X, B, ITERATIONS = 4, 6, 8, 5
 LR_D, LR_G = 0.002, 0.001
@@ -106,21 +106,6 @@ class Outer(nn.Cell):
         if isinstance(loss_d, tuple):  # a loss-scale cell's (loss, overflow, scale)
             loss_d = loss_d[0]
         return loss_d, self.train_g(real, z)
-
-
-def on_cpu(cls: type) -> type:
-    """``cls`` with its NPU float-status overflow check done by ``amp.all_finite`` (the
-    CPU has no kernel for it): the one part that is not MindSpore's own, in the monitored
-    and the unmonitored run alike."""
-
-    class CpuOverflowCheck(cls):
-        def start_overflow_check(self, pre_cond, compute_input):
-            return Tensor([0] * 8, ms.int32), compute_input
-
-        def get_overflow_status(self, status, compute_output):
-            return ops.logical_not(all_finite(compute_output))
-
-    return CpuOverflowCheck
 
 
 def batches():

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
-from mindspore.amp import all_finite
+from mindspore import Tensor, nn
+
+from tests.support.overflow import on_cpu
 
 SUITES = ("mindone", "mindcv", "mindocr", "boost")
 
@@ -84,24 +85,6 @@ def _classes(suite: str) -> tuple[type, type | None]:
     raise ValueError(suite)
 
 
-def _on_cpu(cls: type) -> type:
-    """``cls`` with its NPU float-status overflow check done by ``amp.all_finite``."""
-
-    class CpuOverflowCheck(cls):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.is_cpu_device = False  # mindone, MindOCR: run the check they skip on CPU
-
-        def start_overflow_check(self, pre_cond, compute_input):
-            return Tensor([0] * 8, ms.int32), compute_input
-
-        def get_overflow_status(self, status, compute_output):
-            return ops.logical_not(all_finite(compute_output))
-
-    CpuOverflowCheck.__name__ = cls.__name__
-    return CpuOverflowCheck
-
-
 def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case: Any) -> nn.Cell:
     """The suite's train cell for ``case.scaling`` (none, static, dynamic, clip,
     accumulate, clip_accumulate, ema), with the harness's constants (scale, clip norm,
@@ -111,7 +94,7 @@ def suite_cell(suite: str, net: nn.Cell, loss_fn: nn.Cell, optimizer: Any, case:
     cls, ema_cls = _classes(suite)
     scaling = case.scaling
     if scaling == "dynamic":
-        cls = _on_cpu(cls)
+        cls = on_cpu(cls)
         scale: Any = nn.DynamicLossScaleUpdateCell(
             h.DYNAMIC_SCALE, h.DYNAMIC_FACTOR, h.DYNAMIC_WINDOW
         )
@@ -140,10 +123,10 @@ def fixed_update_cell(network: nn.Cell, optimizer: Any) -> nn.Cell:
     MindSpore's ``TrainOneStepWithLossScaleCell`` over a ``FixedLossScaleUpdateCell(S)``,
     the optimizer's own scale 1 (MindCV's ``train.py`` gives it ``loss_scale`` only when
     nothing else undoes it). On the CPU both refuse to build it (``EXCLUDED``), so it is
-    built here, its overflow check done by ``amp.all_finite`` (``_on_cpu``)."""
+    built here, its overflow check done by ``amp.all_finite`` (``support.overflow.on_cpu``)."""
     from tests.conformance import harness as h
 
-    cell = _on_cpu(nn.TrainOneStepWithLossScaleCell)
+    cell = on_cpu(nn.TrainOneStepWithLossScaleCell)
     return cell(network, optimizer, scale_sense=nn.FixedLossScaleUpdateCell(h.STATIC_SCALE))
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
-from mindspore.amp import all_finite
+from mindspore import Tensor, nn
 
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
+from tests.support.overflow import on_cpu
 
 pytestmark = pytest.mark.usefixtures("graph_mode")
 
@@ -44,19 +44,6 @@ def shipped_cell() -> type:
         sys.modules[name] = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(sys.modules[name])
     return sys.modules[name].TrainOneStepWithLossScaleCellv2
-
-
-def on_cpu(cls: type) -> type:
-    """``cls`` with its NPU float-status overflow check done by ``amp.all_finite``."""
-
-    class CpuOverflowCheck(cls):
-        def start_overflow_check(self, pre_cond, compute_input):
-            return Tensor([0] * 8, ms.int32), compute_input
-
-        def get_overflow_status(self, status, compute_output):
-            return ops.logical_not(all_finite(compute_output))
-
-    return CpuOverflowCheck
 
 
 class WithOutput(nn.Cell):
