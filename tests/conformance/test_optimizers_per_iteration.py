@@ -1,13 +1,19 @@
-"""Two optimizers in one iteration (a GAN's discriminator D and generator G, the DCGAN
-tutorial's shapes, tiny nets): one step is one iteration of the loop, each optimizer's
-values are its own ``opt/<name>/...`` series, exact against float64 norms taken in an
-unmonitored twin before each update, and ``train/loss``/grad_norm/lr never mix the two
-networks. Training is bit-identical to the twin."""
+"""The conformance axis "optimizers stepping per iteration" (issue 48): 2, and 2 with a
+critic stepping k times, crossed with the loop shapes users write them in (the DCGAN
+tutorial's: two value_and_grad + optimizer pairs, two train cells called in turn in
+PyNative and GRAPH_MODE, one outer cell stepping both by hand and under ``Model.train``;
+WGAN-GP's critic with its gradient penalty) and the scaling forms (MindSpore's
+``TrainOneStepWithLossScaleCell`` on D). One optimizer per iteration is the rest of the
+matrix. Tiny G and D; each case against an unmonitored twin: one step is one iteration,
+each optimizer's values are its own ``opt/<name>/...`` series, exact against float64
+norms taken in the twin before each update, ``train/loss``/grad_norm/lr never mix the two
+networks, and training is bit-identical."""
 
 from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 
 import mindspore as ms
 import numpy as np
@@ -317,3 +323,63 @@ def test_merge_names_each_optimizers_values():
         "opt/netg/grad_norm": 0.1,
         "param/g.0.weight/grad_norm": 1.0,
     }
+
+
+def test_a_gradient_penalty_critic_stepping_k_times(tmp_path):
+    """WGAN-GP's shape: the critic's loss takes a gradient of the critic inside it (the
+    penalty on its input gradient's norm), and the critic steps 3 times per generator
+    step, in a PyNative functional loop. The inner gradient is no step and no micro-batch:
+    one step per iteration, the critic's grad_norm the largest of its 3 (float64), its
+    updates 3, and training bit-identical to an unmonitored twin."""
+
+    def run(monitored: bool):
+        ms.set_seed(0)
+        net_g = nn.SequentialCell([nn.Dense(Z, 16), nn.ReLU(), nn.Dense(16, X)])
+        net_d = nn.SequentialCell([nn.Dense(X, 16), nn.ReLU(), nn.Dense(16, 1)])
+        net_g.update_parameters_name("g.")
+        net_d.update_parameters_name("d.")
+        opt_d = nn.Adam(net_d.trainable_params(), 1e-3, beta1=0.5, beta2=0.9)
+        opt_g = nn.Adam(net_g.trainable_params(), 1e-3, beta1=0.5, beta2=0.9)
+
+        def critic_sum(x):
+            return net_d(x).sum()
+
+        input_grad = ms.grad(critic_sum)
+
+        def d_loss(real, z):
+            fake = ops.stop_gradient(net_g(z))
+            mixed = 0.3 * real + 0.7 * fake
+            g = input_grad(mixed)
+            penalty = ((ops.sqrt((g * g).sum(1)) - 1) ** 2).mean()
+            return net_d(fake).mean() - net_d(real).mean() + 10 * penalty
+
+        def g_loss(real, z):
+            return -net_d(net_g(z)).mean()
+
+        grad_d = ms.value_and_grad(d_loss, None, opt_d.parameters)
+        grad_g = ms.value_and_grad(g_loss, None, opt_g.parameters)
+        norms: list[list[float]] = []
+        mon = Monitor(save_dir=str(tmp_path), log_interval=1) if monitored else None
+        with mon if mon is not None else nullcontext(), mon.watch() if mon else nullcontext():
+            for real, z in batches():
+                norms.append([])
+                for _ in range(3):
+                    _, grads = grad_d(real, z)
+                    arrays = [g.asnumpy().astype(np.float64) for g in grads]
+                    norms[-1].append(math.sqrt(sum(float((a * a).sum()) for a in arrays)))
+                    opt_d(grads)
+                _, grads = grad_g(real, z)
+                opt_g(grads)
+        state = [p.asnumpy().copy() for o in (opt_d, opt_g) for p in o.get_parameters()]
+        return state, norms, mon
+
+    plain, _, _ = run(False)
+    state, norms, mon = run(True)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, state, strict=True))
+    run_ = load_run(mon.run_dir)
+    got = run_.scalars("opt/net_d/grad_norm")  # named after the variable: net_d
+    assert got.steps.tolist() == list(range(ITERATIONS))
+    np.testing.assert_allclose(got.values, [max(n) for n in norms], rtol=1e-3)
+    np.testing.assert_array_equal(run_.scalars("opt/net_d/updates").values, 3.0)
+    assert "train/grad_norm" not in run_.tags
+    assert not mon.alerts, [a.message for a in mon.alerts]
