@@ -95,7 +95,7 @@ class MonitorCallback(Callback):
         self._norms: tuple[list[str], Any] | None = None
         self._mixed = False  # several optimizers stepped in the last step's graph
         self._lrs: dict[int, float] = {}  # each held optimizer's lr before the step
-        self._namer = Namer()
+        self._namer = Namer(by_variable=monitor.config.optimizer_names)
         self._held: tuple[Any, list[Any]] | None = None
         self._calls: list[tuple[int, float]] = []
         self._compiled: list[Any] = []  # train cells whose graph this callback's taps hold

@@ -220,16 +220,28 @@ def _users_object(value: Any) -> bool:
 
 class Namer:
     """Each optimizer's series name, given once and kept (``derive_names``; ``given``:
-    the user's, name -> optimizer, train cell or network)."""
+    the user's, name -> optimizer, train cell or network; ``by_variable``: the
+    config's ``optimizer_names``, the variable of one of those in the loop's code ->
+    name)."""
 
-    def __init__(self, given: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, given: Mapping[str, Any] | None = None, by_variable: Mapping[str, str] | None = None
+    ) -> None:
         self.given = dict(given or {})
+        self.by_variable = dict(by_variable or {})
         self.names: dict[int, str] = {}  # id(optimizer) -> name
 
     def __call__(self, optimizers: Sequence[Any]) -> dict[int, str]:
         if any(id(o) not in self.names for o in optimizers):
             taken = list(self.names.values())
-            fresh = derive_names(optimizers, user_namespaces(), self.given)
+            spaces = user_namespaces()
+            given = dict(self.given)
+            for variable, name in self.by_variable.items():
+                for space in spaces:
+                    if variable in space and name not in given:
+                        given[name] = space[variable]
+                        break
+            fresh = derive_names(optimizers, spaces, given)
             for optimizer, name in zip(optimizers, fresh, strict=True):
                 if id(optimizer) not in self.names:
                     while name in taken:

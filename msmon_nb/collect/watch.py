@@ -113,7 +113,7 @@ class Watch:
         # two or more optimizers in one iteration (collect.parts): the steps they make,
         # the user's names for them (name -> optimizer, train cell or network) and ours
         self._parts = Parts()
-        self._namer = Namer(names)
+        self._namer = Namer(names, recorder.config.optimizer_names)
         self._held: dict[int, tuple[Any, list[Any]]] = {}  # id -> (owner, its optimizers)
         self.tap: Any = None  # collect.gradtaps.StepTaps
         self._tap_why: str | None = None

@@ -88,6 +88,10 @@ class MonitorConfig:
     overhead_budget: float | None = None
     # which layer started a gradient or loss alert (config.blame: keys and defaults)
     blame: dict[str, Any] = field(default_factory=dict)
+    # two or more optimizers in one iteration: the variable of an optimizer, a train
+    # cell holding it or the network it trains, in the loop's code -> its series name
+    # (opt/<name>/...; collect.parts), e.g. {optD: critic, netG: actor}
+    optimizer_names: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -245,6 +249,20 @@ class MonitorConfig:
                     f"unknown type{hint}; use one of {MONITOR_TYPES}",
                     "'summary'",
                 )
+        names = self.optimizer_names
+        if not isinstance(names, Mapping) or not all(isinstance(k, str) for k in names):
+            raise fail(
+                "optimizer_names", names, "must map variable names to names", "{optD: critic}"
+            )
+        for variable, name in names.items():
+            if not isinstance(name, str) or not name or "/" in name or name != name.lower():
+                raise fail(
+                    "optimizer_names",
+                    {variable: name},
+                    f"the name must be one lowercase tag group ({TAG_RULE})",
+                    "{optD: critic}",
+                )
+            check_tag(f"opt/{name}/loss", "monitor_config.optimizer_names")
         li = self.log_interval
         if isinstance(li, bool) or not isinstance(li, int) or li <= 0:
             raise fail("log_interval", li, "must be a whole number >= 1", "log_interval: 10")

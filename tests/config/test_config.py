@@ -148,3 +148,18 @@ def test_replace_validates():
     assert cfg.replace(step_interval=7).log_interval == 7
     with pytest.raises(ConfigError, match="log_interval"):
         cfg.replace(log_interval=-1)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["optD"], {"optD": "Critic"}, {"optD": "a/b"}, {"optD": ""}, {"optD": 3}, {3: "x"}],
+)
+def test_optimizer_names_must_map_variables_to_one_tag_group(names):
+    with pytest.raises(ConfigError, match="optimizer_names"):
+        MonitorConfig(optimizer_names=names)
+
+
+def test_optimizer_names_from_yaml(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("monitor_config:\n  optimizer_names: {optD: critic, netG: actor}\n")
+    assert MonitorConfig.from_yaml(path).optimizer_names == {"optD": "critic", "netG": "actor"}

@@ -278,6 +278,18 @@ def test_the_users_names(tmp_path):
     del netD, netG
 
 
+def test_names_from_the_config(tmp_path):
+    """``monitor_config.optimizer_names``: the variable of an optimizer, a train cell or a
+    network in the loop's code (here attributes of the loop's own object) -> its name."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    gan = Gan()
+    config = {"optimizer_names": {"optD": "critic", "netG": "actor"}}
+    with Monitor(save_dir=str(tmp_path), log_interval=1, **config) as mon, mon.watch():
+        iterate(gan, "cells", 1, twin=False)
+    run = load_run(mon.run_dir)
+    assert {"opt/critic/grad_norm", "opt/actor/grad_norm"} <= set(run.tags)
+
+
 def test_parts_make_iterations():
     """The grouping alone: [D, G] iterations, a critic's k parts, a single optimizer."""
     d, g = object(), object()
