@@ -143,6 +143,7 @@ OTHER_VOCABULARIES = {
     "msmon_nb/config/model.py": {"snapshot"},  # the monitor_config key
     "msmon_nb/expr.py": {"lr"},  # break_on's name for the learning rate
     "msmon_nb/config/mindformers.py": {"checkpoint"},  # a section of MindFormers' YAML
+    "msmon_nb/collect/torchstyle.py": {"lr"},  # torch's param_groups key
 }
 TABLE = "msmon_nb/rundir/control.py"
 
