@@ -1,4 +1,5 @@
-"""collect.accumulation: whether a train cell accumulates, read from what it holds."""
+"""collect.accumulation: whether a train cell accumulates, read from what it holds.
+(The suites' own cells: tests/trainers/test_accumulation_buffers.py.)"""
 
 from __future__ import annotations
 
@@ -14,24 +15,16 @@ def loss_cell():
     return net, nn.WithLossCell(net, nn.MSELoss())
 
 
-def test_the_suites_accumulation_cells_hold_a_buffer():
-    from mindcv.utils.train_step import TrainStep
-    from mindone.trainers import TrainOneStepWrapper
-
-    net, loss = loss_cell()
-    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
-    one = Tensor(1.0)
-    assert holds_buffer(TrainStep(loss, opt, scale_sense=one, gradient_accumulation_steps=2))
-    assert not holds_buffer(TrainStep(loss, opt, scale_sense=one))
-    assert holds_buffer(TrainOneStepWrapper(loss, opt, one, gradient_accumulation_steps=2))
-    assert not holds_buffer(TrainOneStepWrapper(loss, opt, one))
-    assert holds_buffer(TrainCell(net, opt, "accumulate"))  # the conformance cell's buffer
-    assert not holds_buffer(TrainCell(net, opt, "clip"))
-
-
 def test_an_optimizer_moment_named_accum_is_no_buffer():
     net, loss = loss_cell()
     adagrad = nn.Adagrad(net.trainable_params())  # its moments: accum.<name>
     assert any("accum" in p.name for p in adagrad.get_parameters())
     assert holds_buffer(TrainOneStepWithLossScaleCell(loss, adagrad, Tensor(1.0))) is False
     assert holds_buffer(object()) is None  # nothing to read
+
+
+def test_the_conformance_cell_holds_a_buffer_when_it_accumulates():
+    net, _ = loss_cell()
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    assert holds_buffer(TrainCell(net, opt, "accumulate"))
+    assert not holds_buffer(TrainCell(net, opt, "clip"))
