@@ -197,6 +197,15 @@ def downsample(steps: np.ndarray, values: np.ndarray, max_points: int) -> Sample
     return Sampled(np.asarray(steps[chosen], dtype=np.int64), values[chosen], False, n)
 
 
+def kept_indices(values: np.ndarray, max_points: int) -> np.ndarray:
+    """The indices ``downsample`` keeps of ``values`` (all of them when they fit): for
+    callers that thin several arrays aligned with ``values`` (steps, wall times) alike."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) <= max_points:
+        return np.arange(len(values))
+    return _choose(values, max_points)[0]
+
+
 class SampledBand(NamedTuple):
     """Points chosen for a band chart: a centre line and, per point, its bucket's extent."""
 

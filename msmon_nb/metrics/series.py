@@ -1,4 +1,13 @@
-"""Growable in-memory series (the panel's and the rules' view of a live run)."""
+"""Bounded in-memory series (the panel's and the rules' view of a live run).
+
+A run of days records millions of steps per tag; the live view must not grow with them
+(bench/long.py measured the kernel at +24 bytes per point per tag, ~150 MB over a
+million steps of six tags, before this bound). Every point is held until a series
+reaches ``limit`` points; then its older half is thinned to min/max buckets
+(``metrics.decimate.kept_indices``: extremes, NaN/Inf, first and last kept, so a spike
+stays visible) and the newer half stays raw. The run's files keep every point; the
+live view keeps the recent steps exactly and the distant ones as their outline.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +15,31 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from msmon_nb.metrics.decimate import kept_indices
+
+LIMIT = 1 << 17  # raw points per tag before thinning: 3 MiB of arrays, ~36 h at 1 step/s
+THIN_TO = 64  # the older half keeps 1/64 of its points (two per bucket of 128)
+
 
 class Series:
-    """Steps, values and wall times of one tag, in arrays that double when full."""
+    """Steps, values and wall times of one tag, in arrays that double up to ``limit``.
 
-    __slots__ = ("_steps", "_values", "_walls", "n")
+    ``n`` is the points held; ``appended`` counts every point ever added, so a reader
+    that keeps a cursor (``notebook.updates.PointStream``) finds its place after the
+    older points were thinned.
+    """
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self._steps = np.empty(capacity, dtype=np.int64)
-        self._values = np.empty(capacity, dtype=np.float64)
-        self._walls = np.empty(capacity, dtype=np.float64)
+    __slots__ = ("_steps", "_values", "_walls", "appended", "limit", "n")
+
+    def __init__(self, capacity: int = 1024, limit: int = LIMIT) -> None:
+        if limit < 2 * THIN_TO:
+            raise ValueError(f"limit={limit}: use at least {2 * THIN_TO}, e.g. {LIMIT}")
+        self._steps = np.empty(min(capacity, limit), dtype=np.int64)
+        self._values = np.empty(min(capacity, limit), dtype=np.float64)
+        self._walls = np.empty(min(capacity, limit), dtype=np.float64)
         self.n = 0
+        self.appended = 0
+        self.limit = limit
 
     def append(self, step: int, value: float, wall: float) -> None:
         """Add one point."""
@@ -26,24 +49,41 @@ class Series:
         self._values[self.n] = value
         self._walls[self.n] = wall
         self.n += 1
+        self.appended += 1
 
     def extend(self, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> None:
         """Add many points."""
-        k = len(steps)
-        while self.n + k > len(self._steps):
-            self._grow()
-        self._steps[self.n : self.n + k] = steps
-        self._values[self.n : self.n + k] = values
-        self._walls[self.n : self.n + k] = walls
-        self.n += k
+        for lo in range(0, len(steps), self.limit // 2):
+            part = slice(lo, lo + self.limit // 2)
+            k = len(steps[part])
+            while self.n + k > len(self._steps):
+                self._grow()
+            self._steps[self.n : self.n + k] = steps[part]
+            self._values[self.n : self.n + k] = values[part]
+            self._walls[self.n : self.n + k] = walls[part]
+            self.n += k
+            self.appended += k
 
     def _grow(self) -> None:
-        size = max(1024, 2 * len(self._steps))
+        if len(self._steps) >= self.limit:
+            self._thin()
+            return
+        size = min(self.limit, max(1024, 2 * len(self._steps)))
         for name in ("_steps", "_values", "_walls"):
             old = getattr(self, name)
             new = np.empty(size, dtype=old.dtype)
             new[: self.n] = old[: self.n]
             setattr(self, name, new)
+
+    def _thin(self) -> None:
+        """Thin the older half in place; the newer half moves down behind it."""
+        half = self.n // 2
+        keep = kept_indices(self._values[:half], half // THIN_TO)
+        rest = self.n - half
+        for arr in (self._steps, self._values, self._walls):
+            arr[: len(keep)] = arr[keep]
+            arr[len(keep) : len(keep) + rest] = arr[half : self.n]
+        self.n = len(keep) + rest
 
     @property
     def steps(self) -> np.ndarray:

@@ -91,11 +91,13 @@ class PointStream:
     def __init__(self, max_new: int = MAX_NEW, reset_points: int = RESET_POINTS) -> None:
         self.max_new = max_new
         self.reset_points = reset_points
-        self.sent: dict[str, int] = {}
+        self.sent: dict[str, int] = {}  # key -> points of its series sent (ever added)
+        self.last_step: dict[str, int] = {}  # key -> the newest step sent
 
     def reset(self) -> None:
         """Forget what was sent: the next ``take`` sends everything (decimated)."""
         self.sent.clear()
+        self.last_step.clear()
 
     def take(self, series: Mapping[str, Any], keys: Iterable[str] | None = None) -> Chunk:
         """The points of ``keys`` (default: all) added since the last call.
@@ -110,10 +112,17 @@ class PointStream:
                 continue
             steps, values = s.steps, s.values
             n = len(steps)
-            start = self.sent.get(key, 0)
+            added = _added(s, n)
+            start = self.sent.get(key, 0) - (added - n)  # index of the first unsent point
             if n <= start:
                 continue
-            cap = self.max_new if start else max(self.max_new, self.reset_points)
+            if start < 0 and key in self.sent:
+                # unsent points were thinned (metrics.series: the panel was not pumped
+                # for half a series' limit): what is held after the last step sent, the
+                # missed stretch as its min/max outline, is what is new
+                start = int(np.searchsorted(steps, self.last_step[key], side="right"))
+            start = max(start, 0)
+            cap = self.max_new if key in self.sent else max(self.max_new, self.reset_points)
             new_steps, new_values = steps[start:n], values[start:n]
             bad = ~np.isfinite(new_values)
             if bad.any():
@@ -124,7 +133,8 @@ class PointStream:
             if n - start > cap:
                 # the one decimation: extremes, NaN/Inf, first and newest point kept
                 new_steps, new_values, _, _ = downsample(new_steps, new_values, cap)
-            self.sent[key] = n
+            self.sent[key] = added
+            self.last_step[key] = int(steps[n - 1])
             chunk.keys.append(key)
             chunk.counts.append(len(new_steps))
             chunk.parts += [np.asarray(new_steps, np.float64), np.asarray(new_values, np.float64)]
@@ -132,7 +142,16 @@ class PointStream:
 
     def shrank(self, series: Mapping[str, Any]) -> bool:
         """True when some series holds fewer points than were already sent."""
-        return any(key in series and len(series[key].steps) < n for key, n in self.sent.items())
+        return any(
+            key in series and _added(series[key], len(series[key].steps)) < n
+            for key, n in self.sent.items()
+        )
+
+
+def _added(s: Any, n: int) -> int:
+    """Points ever added to ``s``: a live ``Series`` counts the ones it thinned, a
+    series read from disk holds them all."""
+    return getattr(s, "appended", n)
 
 
 def unpack(
