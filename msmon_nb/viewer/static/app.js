@@ -17,6 +17,10 @@ const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const FETCH_CONCURRENCY = 4;
 const LINES_UP_TO = 8;    // runs with more ranks start as a band
+// rank rows drawn at once in a big job's list: its notable ranks (stopped, named by an
+// alert or as a chart's outlier) come first, the rest are found with the search box
+// (a 1,024-rank job drew 1,024 rows and named none of its outliers: bench/long.py)
+const RANK_ROWS = 32;
 
 const state = {
   runs: [],               // from /api/runs
@@ -28,6 +32,8 @@ const state = {
                           //   series} or {mode: "lines", ranks: [[k, series]]}
   rankMode: new Map(),    // run -> "lines" | "band", for runs with several ranks
   ranksOpen: new Map(),   // run -> whether its rank list is unfolded
+  rankQuery: new Map(),   // run -> what its rank list's search box holds
+  outliers: new Map(),    // run -> Map(rank -> Set(tag)): ranks the merged charts name
   alerts: new Map(),      // run -> [alert]
   snapshots: new Map(),   // run -> [snapshot]
   interventions: new Map(), // run -> [intervention] (drawn as marks on every chart)
@@ -219,6 +225,48 @@ async function control(run, cmd, arg, msgEl) {
   }
 }
 
+// The ranks worth naming first, each with why: stopped, named by an alert, or drawn as
+// an outlier on a merged chart (in that order).
+function notableRanks(run) {
+  const why = new Map();
+  const add = (k, reason) => {
+    if (!why.has(k)) why.set(k, []);
+    if (!why.get(k).includes(reason)) why.get(k).push(reason);
+  };
+  for (const k of flaggedRanks(run)) add(k, "stopped");
+  for (const a of state.alerts.get(run.name) || []) {
+    if (a.rank != null && a.kind !== "rank_stopped") add(a.rank, a.kind);
+  }
+  for (const [k, tags] of state.outliers.get(run.name) || []) add(k, `outlier on ${[...tags].join(", ")}`);
+  return why;
+}
+
+function rankItem(run, k, flagged, reasons = []) {
+  const status = (run.rank_status || {})[k] || "";
+  const last = (run.rank_last_step || {})[k];
+  const item = el("li", { class: `rank${flagged.has(k) ? " flagged" : ""}`, "data-rank": String(k),
+    "data-status": status, title: flagged.has(k) ? "this rank stopped while others went on" : "" },
+  el("span", { class: "rank-name", text: `rank ${k}` }),
+  el("span", { class: "num rank-step", text: last == null ? "-" : `step ${last}` }));
+  if (status) item.append(el("span", { class: `status ${status}`, text: status }));
+  if (reasons.length) item.append(el("span", { class: "rank-why", text: reasons.join("; ") }));
+  return item;
+}
+
+// A big job's rank list: the rows matching the search box, at most RANK_ROWS of them.
+function fillRankList(run, list, flagged) {
+  const query = (state.rankQuery.get(run.name) || "").trim().toLowerCase();
+  const matches = run.ranks.filter((k) => !query || [`rank ${k}`, (run.rank_status || {})[k] || "",
+    `step ${(run.rank_last_step || {})[k] ?? ""}`].some((text) => text.toLowerCase().includes(query)));
+  list.replaceChildren(...matches.slice(0, RANK_ROWS).map((k) => rankItem(run, k, flagged)));
+  if (matches.length > RANK_ROWS) {
+    list.append(el("li", { class: "rank-more",
+      text: `… ${matches.length - RANK_ROWS} more: type a rank number or a status` }));
+  } else if (!matches.length) {
+    list.append(el("li", { class: "rank-more", text: `no rank matches "${query}"` }));
+  }
+}
+
 // Under a run with several ranks: the lines/band toggle and each rank's last step and status.
 function rankControls(run) {
   const mode = modeOf(run);
@@ -230,23 +278,44 @@ function rankControls(run) {
     toggle.append(button);
   }
   const flagged = flaggedRanks(run);
-  const list = el("ul");
-  for (const k of run.ranks) {
-    const status = (run.rank_status || {})[k] || "";
-    const last = (run.rank_last_step || {})[k];
-    const item = el("li", { class: `rank${flagged.has(k) ? " flagged" : ""}`, "data-rank": String(k),
-      "data-status": status, title: flagged.has(k) ? "this rank stopped while others went on" : "" },
-    el("span", { class: "rank-name", text: `rank ${k}` }),
-    el("span", { class: "num rank-step", text: last == null ? "-" : `step ${last}` }));
-    if (status) item.append(el("span", { class: `status ${status}`, text: status }));
-    list.append(item);
-  }
   const summary = el("summary", { text: `${run.ranks.length} ranks` });
   if (flagged.size) summary.append(el("span", { class: "flag", text: ` · ${flagged.size} stopped` }));
-  const details = el("details", { class: "rank-list" }, summary, list);
-  details.open = state.ranksOpen.get(run.name) ?? (run.ranks.length <= LINES_UP_TO || flagged.size > 0);
+  const list = el("ul", { class: "rank-all" });
+  const details = el("details", { class: "rank-list" }, summary);
   details.addEventListener("toggle", () => state.ranksOpen.set(run.name, details.open));
-  return el("div", { class: "ranks" }, toggle, details);
+  if (run.ranks.length <= RANK_ROWS) {
+    list.append(...run.ranks.map((k) => rankItem(run, k, flagged)));
+    details.append(list);
+    details.open = state.ranksOpen.get(run.name) ?? (run.ranks.length <= LINES_UP_TO || flagged.size > 0);
+    return el("div", { class: "ranks" }, toggle, details);
+  }
+  const notable = notableRanks(run);
+  const named = el("ul", { class: "rank-notable", "aria-label": `notable ranks of ${run.name}` });
+  for (const [k, reasons] of [...notable].slice(0, RANK_ROWS)) named.append(rankItem(run, k, flagged, reasons));
+  if (!notable.size) named.append(el("li", { class: "rank-more", text: "no outlier rank named yet" }));
+  const search = el("input", { type: "search", class: "rank-search", placeholder: "rank number or status",
+    "aria-label": `find a rank of ${run.name}`, value: state.rankQuery.get(run.name) || "" });
+  search.addEventListener("input", () => {
+    state.rankQuery.set(run.name, search.value);
+    fillRankList(run, list, flagged);
+  });
+  fillRankList(run, list, flagged);
+  details.append(search, list);
+  details.open = state.ranksOpen.get(run.name) ?? false;
+  return el("div", { class: "ranks" }, toggle, el("div", { class: "rank-list" }, named), details);
+}
+
+// Remember the ranks a merged chart draws as outliers; the run list names them first.
+function noteOutliers(run, tag, series) {
+  if (!series || !(series.outliers || []).length) return;
+  if (!state.outliers.has(run.name)) state.outliers.set(run.name, new Map());
+  const known = state.outliers.get(run.name);
+  let added = false;
+  for (const o of series.outliers) {
+    if (!known.has(o.rank)) known.set(o.rank, new Set());
+    if (!known.get(o.rank).has(tag)) { known.get(o.rank).add(tag); added = true; }
+  }
+  if (added && run.ranks.length > RANK_ROWS) renderRuns();
 }
 
 function setRankMode(name, mode) {
@@ -367,7 +436,9 @@ async function fetchDrawn(run, tag, zoom) {
   const mode = modeOf(run);
   if (mode !== "lines") {
     const rank = mode === "band" ? "all" : null;
-    return { mode, series: await limited(() => getJSON(scalarsURL(run.name, tag, zoom, rank))) };
+    const series = await limited(() => getJSON(scalarsURL(run.name, tag, zoom, rank)));
+    if (mode === "band" && !zoom) noteOutliers(run, tag, series);
+    return { mode, series };
   }
   const parts = await Promise.all(run.ranks.map((k) =>
     limited(() => getJSON(scalarsURL(run.name, tag, zoom, k))).then((s) => [k, s], () => null)));
