@@ -49,8 +49,12 @@ from msmon_nb.rundir import (
 )
 
 # a done rank is served from its overview only from this many scalars on (decoding them
-# takes ~50 ms here; a smaller rank is decoded at once and drawn from every point)
+# takes ~50 ms here; a smaller rank is decoded at once and drawn from every point) ...
 OVERVIEW_MIN_SCALARS = 64_000
+# ... or when the whole job holds this many (~1 s of decoding): 1,024 ranks of 50,000
+# scalars each were all decoded, one after the other, before the first merged chart
+# (bench/long.py: 217 s at load 20, 62 s of it decoding on an idle core)
+OVERVIEW_MIN_JOB_SCALARS = 1_000_000
 
 
 class Points(NamedTuple):
@@ -117,6 +121,8 @@ class _Rank:
         self.signature: tuple | None = None  # of the files, when compact
         self.overview: Overview | None = None  # while served from the overview
         self.decode = False  # set once exact points are wanted
+        self.job_ranks = 1  # ranks in the job (RankedRun sets it): a wide job's small
+        # ranks are served from their overviews too
 
     def _signature(self) -> tuple:
         keys = []
@@ -157,8 +163,11 @@ class _Rank:
         """Serve this rank from its writer's overview when that is complete and still
         true of the files (the writer closed: the rank wrote its last record)."""
         overview = read_overview(self.path)
-        if overview is None or len(overview.rows) * BLOCK < OVERVIEW_MIN_SCALARS:
-            return False  # none, or small enough to decode at once
+        if overview is None:
+            return False
+        scalars = len(overview.rows) * BLOCK
+        if scalars < OVERVIEW_MIN_SCALARS and scalars * self.job_ranks < OVERVIEW_MIN_JOB_SCALARS:
+            return False  # small enough, rank and job, to decode at once
         files = [p for p in self.path.iterdir() if is_summary_file(p.name)]
         marker = read_marker_file(self.path / MARKER)
         status = run_status(marker, files)
@@ -240,10 +249,12 @@ class RankedRun:
     def refresh(self) -> bool:
         """Read every rank's new records (one rank at a time); True when anything changed."""
         changed = False
-        for rank, path in rank_dirs(self.path).items():
+        dirs = rank_dirs(self.path)
+        for rank, path in dirs.items():
             state = self._ranks.get(rank)
             if state is None:
                 state = self._ranks[rank] = _Rank(rank, path, self.name, self._steps_pool)
+            state.job_ranks = len(dirs)
             changed = state.refresh() or changed
         in_use = {id(p.steps): p.steps for s in self._ranks.values() for p in s.series.values()}
         self._steps_pool[:] = in_use.values()

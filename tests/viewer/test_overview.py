@@ -133,3 +133,25 @@ def test_a_rank_rewritten_after_its_overview_is_decoded(big, tmp_path):
     assert len(run.scalars("train/loss", rank=0).steps) == STEPS
     assert run.scalars("train/loss", rank=0).exact
     assert not run.scalars("train/loss", rank=1).exact  # the others keep their overview
+
+
+def test_a_wide_job_of_small_ranks_is_served_from_the_overviews(tmp_path, monkeypatch):
+    """1,024 ranks of 50,000 scalars each were every one decoded before the first merged
+    chart (bench/long.py: ~60 s on a core); a job that holds many scalars in all is read
+    from its overviews however small each rank, and a narrow one is still decoded."""
+    steps = 2_000  # 4,000 scalars a rank: far below OVERVIEW_MIN_SCALARS
+    for ranks in (2, 12):
+        columns = {
+            rank: {"train/loss": np.linspace(2, 1, steps), "train/step_time": np.full(steps, 0.1)}
+            for rank in range(ranks)
+        }
+        write_ranked_run(tmp_path / f"job{ranks}", columns)
+    # the job threshold scaled to this test's size: 12 x 4,000 scalars over it, 2 x not
+    monkeypatch.setattr(rankmerge, "OVERVIEW_MIN_JOB_SCALARS", 40_000)
+    wide, narrow = RankedRun(tmp_path / "job12"), RankedRun(tmp_path / "job2")
+    wide.refresh()
+    narrow.refresh()
+    assert all(wide.overview_dir(k) is not None for k in range(12))
+    assert all(narrow.overview_dir(k) is None for k in range(2))
+    merged = wide.merged("train/loss")
+    assert merged.exact is False and merged.steps[-1] == steps - 1
