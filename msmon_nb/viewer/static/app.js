@@ -194,9 +194,10 @@ function controlRow(name) {
       parts.push(button(spec.label));
       continue;
     }
-    // a command with an argument: its field (starting at the table's example) and Set
+    // a command with an argument: its field (starting at the table's start, as on the
+    // panel) and Set
     const input = el("input", { type: "number", min: String(spec.arg.min),
-      step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.example),
+      step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.start),
       class: `control-${spec.name}`, "aria-label": spec.help });
     parts.push(el("label", {}, `${spec.label} `, input), button("Set", () => Number(input.value)));
   }

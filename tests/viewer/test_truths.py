@@ -1,16 +1,22 @@
-"""What the API says is what it did (issue 46.3): HEAD answers like GET without a body,
-``max_points=0`` is refused rather than read as the default, ``/api/scalars`` names the
-rank it served, and static files are revalidated (no-cache) and cheap to revalidate."""
+"""What the viewer and the pages say is what they do (issue 46.3): HEAD answers like GET
+without a body, ``max_points=0`` is refused rather than read as the default,
+``/api/scalars`` names the rank it served, static files are revalidated (no-cache) and
+cheap to revalidate, the panel and ``/api/charts`` plan charts in one shape, and the
+pages colour exactly the severities a rule can raise."""
 
 from __future__ import annotations
 
 import json
+import re
+import typing
 import urllib.parse
 
 import numpy as np
 import pytest
 
+from msmon_nb.config.cards import CARDS, Card
 from msmon_nb.events.writer import EventWriter
+from msmon_nb.metrics.charts import CHART_ASSETS
 from tests.support.synth import write_ranked_run
 
 
@@ -98,3 +104,44 @@ def test_static_files_are_revalidated_and_an_unchanged_one_is_a_304(base, serve)
         assert status == 304 and body == b"" and again["ETag"] == etag, path
         status, _, body = client.request(path, headers={"If-None-Match": 'W/"other"'})
         assert status == 200 and body, path
+
+
+def test_the_panel_and_api_charts_plan_a_run_in_one_shape(tmp_path, serve):
+    """One chart spec for both pages: the panel's ``charts`` (``show(run)``) and
+    ``/api/charts`` of the same run are the same list, keys and values (the run has the
+    core charts' tags: a live panel also plans placeholders for those, the viewer not)."""
+    from msmon_nb.notebook import show
+
+    with EventWriter(tmp_path / "gan") as writer:
+        for step in range(6):
+            writer.add_scalars(
+                step,
+                {
+                    "train/loss": 1.0 / (step + 1),
+                    "train/learning_rate": 1e-3,
+                    "train/throughput": 100.0,
+                    "opt/netd/grad_norm": 2.0 + step,
+                    "opt/netg/grad_norm": 1.0 + step,
+                    "val/acc": step / 6,
+                },
+            )
+    panel_charts = show(tmp_path / "gan").panel.widget.initial["charts"]
+    _, client = serve(tmp_path)
+    status, api_charts = client.json(q("/api/charts", run="gan"))
+    assert status == 200
+    assert {tuple(sorted(c)) for c in panel_charts + api_charts} == {
+        ("group", "labels", "log", "note", "tags", "title")
+    }
+    assert panel_charts == api_charts
+    assert ["netd", "netg"] in [c["labels"] for c in api_charts]  # the optimizers' chart
+
+
+def test_the_pages_know_the_severities_a_rule_raises_and_no_other():
+    """``chart.js`` (both pages' chart component) colours alert marks by severity; it
+    knew an ``info`` no rule raises. Its table now holds exactly the cards' severities."""
+    raised = set(typing.get_args(typing.get_type_hints(Card)["severity"]))
+    assert {card.severity for card in CARDS.values()} <= raised
+    source = (CHART_ASSETS / "chart.js").read_text()
+    table = re.search(r"const MSMON_SEVERITY = \{([^}]*)\}", source)
+    assert table is not None
+    assert set(re.findall(r"(\w+):", table.group(1))) == raised == {"warning", "critical"}
