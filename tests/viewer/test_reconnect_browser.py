@@ -63,11 +63,16 @@ class Writer(threading.Thread):
                 time.sleep(self.pause)
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["same-viewer", "viewer-restarted"])
 def test_a_page_cut_off_for_10_s_while_the_run_ends_has_every_point_once(
     browser,  # noqa: F811
     serve,
     tmp_path,
+    restart,
 ):
+    """``restart``: the viewer is stopped and another started during the cut, so the
+    page's last event id is a stranger's: the stream says it cannot resume and the page
+    reloads everything it shows."""
     writer = Writer(tmp_path / RUN)
     writer.start()
     try:
@@ -88,6 +93,10 @@ def test_a_page_cut_off_for_10_s_while_the_run_ends_has_every_point_once(
             writer.stop.set()  # the run ends while the page is cut off
             writer.join(10)
             last = writer.last
+            if restart:
+                server.stop()
+                server, _ = serve(tmp_path)
+                proxy.target = server.server_address[:2]
             time.sleep(OUTAGE_SECS / 2)
             assert proxy.refused > 0  # the browser did try to reconnect, and failed
             assert page.evaluate("() => document.querySelector('#live').textContent") == "offline"
@@ -104,7 +113,8 @@ def test_a_page_cut_off_for_10_s_while_the_run_ends_has_every_point_once(
                 time.sleep(0.2)
             assert steps == everything, (len(steps), steps[-3:], last)
             assert page.evaluate(DRAWN_STEPS) == everything
-            assert page.evaluate("() => document.querySelector('#live').dataset.resumed") == "true"
+            resumed = page.evaluate("() => document.querySelector('#live').dataset.resumed")
+            assert resumed == str(not restart).lower()
             # the browser logs each request the cut refused; nothing else went wrong
             network = "Failed to load resource: net::"
             assert [p for p in problems if not p.startswith(network)] == [], problems
