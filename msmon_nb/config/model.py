@@ -56,7 +56,7 @@ ALIASES = {
 
 @dataclass
 class MonitorConfig:
-    """How a ``Monitor`` collects and where it writes (see README, "monitor_config").
+    """How a ``Monitor`` collects and where it writes (see docs/guide/python-api.md).
 
     ``log_interval`` is the collection frequency: loss, grad_norm and lr are read from the
     device only every ``log_interval``-th step, so other steps cost nothing.
