@@ -18,10 +18,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from nbclient import NotebookClient
 
+from msmon_nb.config import MonitorConfig
 from msmon_nb.events.runs import load_runs
-from tests.readme.manual import NO_EXEC_REASON, ROOT, name, pages, python_blocks
+from tests.readme.manual import NO_EXEC_REASON, ROOT, blocks, name, pages, python_blocks
 
 # (page, reason) of every block marked no-exec; empty while every block runs here
 NOT_RUN: list[tuple[str, str]] = []
@@ -116,3 +118,17 @@ def test_blocks_not_run_are_listed_with_their_reasons():
             "'needs a second process', ...) or 'long run'"
         )
     assert marked == NOT_RUN, f"blocks not run here: {marked}; list them in NOT_RUN"
+
+
+def test_yaml_configs_load_as_written():
+    """Every YAML block holding a ``monitor_config:`` is a config that loads (the guide's
+    ``snapshot: {on: alert}`` did not: YAML 1.1 reads ``on`` as true)."""
+    configs = [
+        b for p in pages() for b in blocks(p) if b.lang == "yaml" and "monitor_config:" in b.code
+    ]
+    assert len(configs) >= 4, [b.where() for b in configs]
+    for b in configs:
+        try:
+            MonitorConfig.from_dict(yaml.safe_load(b.code))
+        except Exception as exc:
+            raise AssertionError(f"{b.where()}: {exc}") from exc
