@@ -25,8 +25,14 @@ from msmon_nb.config import MonitorConfig
 from msmon_nb.events.runs import load_runs
 from tests.readme.manual import NO_EXEC_REASON, ROOT, blocks, name, pages, python_blocks
 
-# (page, reason) of every block marked no-exec; empty while every block runs here
-NOT_RUN: list[tuple[str, str]] = []
+# (page, reason) of every block marked no-exec, in page order
+NOT_RUN: list[tuple[str, str]] = [
+    (
+        "docs/guide/distributed.md",
+        "needs msrun: two worker processes (tests/distributed/test_msrun.py runs this loop, "
+        "in tests/distributed/dp_train.py)",
+    ),
+]
 
 
 def runnable(page: Path) -> list[str]:
