@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export GLOG_v ?= 3
 
-.PHONY: demo test lint bench conformance venv clean-venv sysdeps
+.PHONY: demo test lint bench conformance docs venv clean-venv sysdeps
 
 venv: $(STAMP)
 
@@ -75,12 +75,27 @@ test: $(STAMP) sysdeps
 	done; \
 	exit $$status
 
+# The manual as a static site in build/site/ (mkdocs.yml; strict: a broken link or anchor
+# fails). A venv of its own with MkDocs alone, so a fresh clone builds it in seconds without
+# MindSpore; DOCS_PIN is pyproject's docs extra (tests/readme/test_site.py checks they agree)
+DOCS_VENV := .venv-docs
+DOCS_PIN := mkdocs==1.6.1
+DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
+
+$(DOCS_STAMP): Makefile
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet '$(DOCS_PIN)'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/mkdocs build --strict --clean --site-dir build/site
+
 # the randomised conformance test at length (make test draws 12 cases): 300 cases, ~6 min
 conformance: $(STAMP)
 	MSMON_CONFORMANCE_EXAMPLES=300 $(BIN)/python -m pytest -q tests/conformance/test_random.py
 
 bench: $(STAMP) sysdeps
-	$(BIN)/python bench/all.py; status=$$?; $(BIN)/python bench/all.py --update-readme; exit $$status
+	$(BIN)/python bench/all.py; status=$$?; $(BIN)/python bench/all.py --update-docs; exit $$status
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(DOCS_VENV)

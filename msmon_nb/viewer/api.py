@@ -1,4 +1,4 @@
-"""The viewer's JSON API (the README's table under ``msmon view``), independent of HTTP plumbing.
+"""The viewer's JSON API (the table in docs/guide/viewer.md), independent of HTTP plumbing.
 
 JSON has no NaN or Infinity, and a training curve's NaN is the most important point on
 it, so non-finite numbers are encoded explicitly:
