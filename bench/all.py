@@ -72,11 +72,13 @@ BENCHES = (
           ("--ranks", "4", "--steps", "2000", "--repeat", "2")),
     Bench("export", (), ("--steps", "20000")),
     Bench("compile", ("--repeats", "5"), ("--repeats", "1", "--hidden", "64", "--steps", "2")),
-    # hours at full size (a million steps twice, side by side); the smoke: the training
-    # and rank parts at a size that only proves they run, 40 ranks (more than the
-    # page's 32 rank rows); the panel part is left to make bench (JupyterLab's start
-    # alone is half a smoke's budget; bench/panel.py's smoke drives the same page)
-    Bench("long", ("--data", str(CACHE / "long")),
+    # full size: the training part (a million steps twice, side by side: hours on two
+    # shared cores) stops after 40 minutes, as Ctrl-C would, and its figures say the
+    # steps reached. The smoke: the training and rank parts at a size that only proves
+    # they run, 40 ranks (more than the page's 32 rank rows); the panel part is left to
+    # make bench (JupyterLab's start alone is half a smoke's budget; bench/panel.py's
+    # smoke drives the same page)
+    Bench("long", ("--data", str(CACHE / "long"), "--stop-after", "40"),
           ("--steps", "500", "--monitor-steps", "5000", "--parts", "train,ranks",
            "--ranks", "40", "--rank-steps", "200"),
           timeout=6 * 3600.0),
