@@ -121,6 +121,12 @@ class MonitorCallback(Callback):
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
+        if mon.config.tracks("activations") or mon.config.tracks("act_grad"):
+            mon.warn_once(
+                "activations compiled",
+                "activations are recorded in PyNative steps under mon.watch(); Model.train's "
+                "callback does not record them yet (no act/... series); training goes on",
+            )
         # no user code reads the monitor between steps: fast steps' scalars go in batches
         mon.guard("holding fast steps' scalars", mon.hold_emits, True)
         mon.mark_step_start(restart=True)

@@ -1,0 +1,209 @@
+"""Activations (opt-in): each selected module's forward output, and optionally its
+gradient, summarised every collected step as ``act/<module>/<stat>`` and
+``act_grad/<module>/<stat>`` (``stat``: ``metrics.extent.ACT_STATS``).
+
+``track_metrics: [..., activations]`` switches it on, ``act_grad`` adds the gradient of
+each output (what flows back into the module). ``module_targets`` (regexes searched in a
+module's path) chooses the modules; without it, the leaf modules that hold parameters
+(``Dense``, ``Conv2d``, ``LayerNorm``, ``Embedding``...), at most ``DEFAULT_MODULES`` of
+them spread evenly from the first to the last: a 100-layer model gets 16 series per
+statistic, not 400, and a user who wants one block names it.
+
+A module's path is the prefix its parameters are named by (``fc1`` for ``fc1.weight``),
+so that ``act/fc1/...`` sits beside ``param/fc1.weight/...``; a module without
+parameters takes its place in the cell tree, the wrapping cells' prefix
+(``_backbone.``, ``network.``) taken off the same way.
+
+PyNative steps: forward hooks (and backward hooks for ``act_grad``) are registered at the
+start of a collected step and removed at its end, so a step that is not collected runs
+with no hook of ours at all. A hook only keeps a reference to the output (no copy, no
+device sync inside the forward pass); the statistics are taken on the host, in float64,
+when the step has ended. A hook returns None: the output and the gradient flow on
+unchanged. A module called more than once in a step (accumulation's micro-batches, a
+shared layer) is recorded at its first call.
+
+Compiled steps (``@ms.jit``, GRAPH_MODE train cells, ``Model.train``) run no Python
+hook; there activations are not recorded yet, and one warning says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from msmon_nb.collect.tensors import flatten_tensors, to_numpy
+from msmon_nb.collect.values import param_tag
+from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
+
+# how many modules the default selection takes (module_targets unset)
+DEFAULT_MODULES = 16
+
+
+def module_paths(root: Any) -> list[tuple[str, Any]]:
+    """``[(path, cell)]`` of every cell under ``root`` (itself excluded), each path
+    spelled as its parameters are named where it holds some (``_own_params``), the
+    wrapping cells' prefix taken off the others the same way."""
+    cells = [(name, cell) for name, cell in root.cells_and_names() if name]
+    strip = ""
+    for name, cell in cells:
+        own = _own_params(cell)
+        if own:
+            prefix = own[0].rpartition(".")[0]
+            if prefix and name.endswith(prefix):
+                strip = name[: len(name) - len(prefix)]
+            break
+    out = []
+    for name, cell in cells:
+        own = _own_params(cell)
+        path = own[0].rpartition(".")[0] if own else name
+        if not own and strip and path.startswith(strip):
+            path = path[len(strip) :]
+        out.append((path or name, cell))
+    return out
+
+
+def _own_params(cell: Any) -> list[str]:
+    """Names of the parameters ``cell`` holds itself (not its sub-cells')."""
+    held = getattr(cell, "_params", None) or {}
+    return [str(getattr(p, "name", key)) for key, p in held.items() if p is not None]
+
+
+def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, Any]]:
+    """The modules ``targets`` selects under ``root`` (``module_targets``), each once,
+    in the tree's order; None: the default (the module docstring)."""
+    paths = module_paths(root)
+    seen: set[int] = set()
+    chosen = []
+    if targets is None:
+        leaves = [
+            (path, cell)
+            for path, cell in paths
+            if _own_params(cell) and not any(True for _ in cell.cells())
+        ]
+        if len(leaves) > DEFAULT_MODULES:
+            last = len(leaves) - 1
+            spread = range(DEFAULT_MODULES)
+            picks = sorted({round(i * last / (DEFAULT_MODULES - 1)) for i in spread})
+            leaves = [leaves[i] for i in picks]
+        candidates = leaves
+    else:
+        patterns = [re.compile(t) for t in targets]
+        candidates = [(p, c) for p, c in paths if any(rx.search(p) for rx in patterns)]
+    for path, cell in candidates:
+        if id(cell) not in seen:
+            seen.add(id(cell))
+            chosen.append((path, cell))
+    return chosen
+
+
+def _first_tensor(value: Any) -> Any:
+    """The first tensor of a module's output (a tuple's first; a dict's first value)."""
+    leaves = flatten_tensors(value)
+    return leaves[0] if leaves else None
+
+
+class Activations:
+    """One watch's activation recorder (PyNative): hooks on collected steps only."""
+
+    def __init__(
+        self,
+        targets: Sequence[str] | None,
+        grads: bool,
+        warn_once: Callable[[str, str], None],
+    ) -> None:
+        self.targets = None if targets is None else list(targets)
+        self.grads = grads
+        self.warn_once = warn_once
+        self.root: Any = None
+        self.modules: list[tuple[str, Any]] = []
+        self.handles: list[Any] = []
+        self.kept: dict[str, Any] = {}  # tag prefix -> the tensor seen this step
+        self.wants_root = False  # a collected step began before the network was known
+        self.computed = 0  # statistics computed (one per module and kind, per step)
+        self.calls = 0  # hook calls: only collected steps make any
+
+    def arm(self, collect: bool) -> None:
+        """A step begins: on a collected one, hook the modules (once the network is
+        known; until then ``see`` waits for its first cell call)."""
+        self.disarm()
+        if not collect:
+            return
+        if self.root is None:
+            self.wants_root = True
+        else:
+            self._hook()
+
+    def see(self, cell: Any) -> None:
+        """The first cell a collected step calls (a PyNative forward pass's outer cell):
+        the network, whose modules are selected once and hooked now, before its own
+        ``construct`` runs them."""
+        self.wants_root = False
+        if self.root is None:
+            self.root = cell
+            self.modules = select_modules(cell, self.targets)
+            if not self.modules:
+                self.warn_once(
+                    "activations none",
+                    f"activations: module_targets {self.targets} select none of "
+                    f"{type(cell).__name__}'s modules (e.g. "
+                    f"{[p for p, _ in module_paths(cell)][:5]}); nothing is recorded",
+                )
+        self._hook()
+
+    def _hook(self) -> None:
+        for path, cell in self.modules:
+            name = param_tag(path)
+            self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
+            if self.grads:
+                self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
+
+    def _forward(self, prefix: str) -> Callable[..., None]:
+        kept = self.kept
+
+        def forward_hook(cell, inputs, output):
+            self.calls += 1
+            if prefix not in kept:
+                kept[prefix] = _first_tensor(output)
+
+        return forward_hook
+
+    def _backward(self, prefix: str) -> Callable[..., None]:
+        kept = self.kept
+
+        def backward_hook(cell, grad_input, grad_output):
+            # MindSpore 2.x: grad_output is the gradient of the cell's output
+            self.calls += 1
+            if prefix not in kept:
+                kept[prefix] = _first_tensor(grad_output)
+
+        return backward_hook
+
+    def disarm(self) -> None:
+        """Remove every hook of ours (a step ended, or the watch closes)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.wants_root = False
+
+    def take(self) -> dict[str, float]:
+        """The collected step's ``{tag: value}``; the hooks go and what they kept too."""
+        self.disarm()
+        out: dict[str, float] = {}
+        for prefix, tensor in self.kept.items():
+            if tensor is None:
+                continue
+            for stat, value in tensor_extent(to_numpy(tensor), ACT_STATS).items():
+                out[f"{prefix}/{stat}"] = value
+                self.computed += 1
+        self.kept.clear()
+        return out
+
+    def compiled(self, where: str) -> None:
+        """A collected step ran compiled (``where``): no Python hook runs inside it."""
+        self.warn_once(
+            "activations compiled",
+            f"activations are recorded in PyNative steps; this loop's {where} runs "
+            "compiled, where no forward hook runs, so no act/... series are recorded "
+            "for it (not supported yet); training goes on",
+        )

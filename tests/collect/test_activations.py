@@ -1,0 +1,171 @@
+"""``activations`` / ``act_grad`` on PyNative loops: each selected module's output (and
+its gradient) summarised as ``act/<module>/<stat>`` on collected steps.
+
+Reference: an unmonitored twin trained on the same batches, with forward and backward
+hooks of its own that only copy the outputs and output gradients to float64 numpy at the
+collected steps. Summary files hold float32 scalars: norms and means are compared at that
+precision (rtol 1e-6), max |x|, non-finite counts and zero shares exactly. Training is
+bit-identical with the hooks (weights and Adam's moments). Steps that are not collected
+run no hook of ours at all (counted).
+"""
+
+import re
+import warnings
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from msmon_nb.collect.activations import DEFAULT_MODULES, select_modules
+from msmon_nb.config import CORE_METRICS
+from msmon_nb.config.checks import MonitorWarning
+from msmon_nb.events.runs import load_run
+from msmon_nb.monitor import Monitor
+from tests.support import tiny
+
+STEPS, EVERY = 7, 3
+STATS = ("norm", "max_abs", "mean", "nonfinite", "zero_frac")
+
+
+def stats64(array):
+    x = array.astype(np.float64).reshape(-1)
+    return {
+        "norm": float(np.sqrt((x * x).sum())),
+        "max_abs": float(np.abs(x).max()),
+        "mean": float(x.mean()),
+        "nonfinite": float((~np.isfinite(x)).sum()),
+        "zero_frac": float((x == 0).sum()) / x.size,
+    }
+
+
+class Net(nn.Cell):
+    """Named layers (paths fc1, act, fc2) inside a loss wrapper, as users write them."""
+
+    def __init__(self):
+        super().__init__()
+        ms.set_seed(0)
+        self.fc1 = nn.Dense(8, 16)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Dense(16, 3)
+
+    def construct(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def build():
+    net = Net()
+    opt = nn.Adam(net.trainable_params(), learning_rate=0.01)
+    loss_fn = tiny.loss_fn()
+
+    def forward(a, c):  # a def, not a lambda: a jit step's graph parses it
+        return loss_fn(net(a), c)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    return net, opt, grad_fn
+
+
+def state(opt):
+    return [t.asnumpy().copy() for t in (*opt.parameters, *opt.moment1, *opt.moment2)]
+
+
+def twin(grads):
+    """Expected values by step and the final state, from a never-monitored twin whose
+    own hooks only read (only numpy leaves: see test_param_extent.twin)."""
+    _, opt, grad_fn = build()
+    seen = {}
+    hooks = []
+    for name in ("fc1", "act", "fc2"):
+        cell = getattr(net, name)
+
+        def forward(c, i, o, name=name):
+            seen.setdefault(f"act/{name}", o.asnumpy().copy())
+
+        def backward(c, gi, go, name=name):
+            seen.setdefault(f"act_grad/{name}", go[0].asnumpy().copy())
+
+        hooks.append(cell.register_forward_hook(forward))
+        if grads:
+            hooks.append(cell.register_backward_hook(backward))
+    expected = {}
+    x, y = tiny.data()
+    for step, (a, c) in enumerate(tiny.batches(x, y, steps=STEPS)):
+        seen.clear()
+        _, g = grad_fn(a, c)
+        opt(g)
+        if step % EVERY == 0:
+            expected[step] = {
+                f"{prefix}/{stat}": value
+                for prefix, array in seen.items()
+                for stat, value in stats64(array).items()
+            }
+    return expected, state(opt)
+
+
+def recorded(run):
+    return {t: run.scalars(t) for t in run.tags() if re.match(r"act(_grad)?/", t)}
+
+
+@pytest.mark.parametrize("grads", [False, True], ids=["act", "act+grad"])
+def test_pynative_exact_against_float64_hooks_and_training_unchanged(tmp_path, grads):
+    expected, final = twin(grads)
+    track = [*CORE_METRICS, "activations", *(["act_grad"] if grads else [])]
+    cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track,
+               module_targets=["^fc", "^act$"])  # fmt: skip
+    with Monitor(**cfg) as mon, mon.watch() as watch:
+        _, opt, grad_fn = build()
+        x, y = tiny.data()
+        for a, c in tiny.batches(x, y, steps=STEPS):
+            _, g = grad_fn(a, c)
+            opt(g)
+    for want, got in zip(final, state(opt), strict=True):
+        np.testing.assert_array_equal(got, want)
+    series = recorded(load_run(mon.run_dir))
+    modules = 3 * (2 if grads else 1)
+    assert set(series) == set(expected[0]) and len(series) == modules * len(STATS)
+    steps = sorted(expected)
+    for tag, s in series.items():
+        assert s.steps.tolist() == steps, tag
+        want = np.array([expected[step][tag] for step in steps])
+        if tag.endswith(("norm", "mean")):
+            np.testing.assert_allclose(s.values, want, rtol=1e-6, atol=1e-30, err_msg=tag)
+        else:
+            np.testing.assert_array_equal(s.values, np.float32(want), err_msg=tag)
+    assert series["act/act/zero_frac"].values.min() > 0  # a ReLU's zeros show
+    # hooks ran on the 3 collected steps only: one call per module and direction
+    assert watch.acts.calls == len(steps) * modules
+    assert watch.acts.computed == len(steps) * modules * len(STATS)
+    assert not watch.acts.handles  # none left on the user's cells
+
+
+def test_default_selection_spreads_over_a_deep_model():
+    layers = [nn.Dense(4, 4) for _ in range(40)]
+    body = nn.SequentialCell([c for layer in layers for c in (layer, nn.ReLU())])
+    chosen = select_modules(nn.WithLossCell(body, nn.MSELoss()), None)
+    assert len(chosen) == DEFAULT_MODULES
+    paths = [p for p, _ in chosen]
+    assert paths[0] == "0" and paths[-1] == "78"  # the first and the last Dense, by param names
+    assert all(isinstance(c, nn.Dense) for _, c in chosen)
+    picked = select_modules(nn.WithLossCell(body, nn.MSELoss()), [r"^(1|3)$"])
+    assert [p for p, _ in picked] == ["1", "3"]  # two ReLUs, by their place in the tree
+
+
+def test_jit_step_says_it_is_not_recorded(tmp_path):
+    _, opt, grad_fn = build()
+
+    @ms.jit
+    def step(a, c):
+        loss, g = grad_fn(a, c)
+        opt(g)
+        return loss
+
+    track = [*CORE_METRICS, "activations"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), track_metrics=track) as mon, mon.watch():
+            x, y = tiny.data()
+            for a, c in tiny.batches(x, y, steps=3):
+                step(a, c)
+    said = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    assert any("activations are recorded in PyNative steps" in m for m in said), said
+    assert not recorded(load_run(mon.run_dir))
