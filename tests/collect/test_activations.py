@@ -72,7 +72,7 @@ def state(opt):
 def twin(grads):
     """Expected values by step and the final state, from a never-monitored twin whose
     own hooks only read (only numpy leaves: see test_param_extent.twin)."""
-    _, opt, grad_fn = build()
+    net, opt, grad_fn = build()
     seen = {}
     hooks = []
     for name in ("fc1", "act", "fc2"):
