@@ -33,8 +33,14 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    ring only / blame off <= 1.01.
 3. The grad_norm reduction inside the train graph alone (one model, its tap switched on
    and off), next to the floor of reading every gradient byte once.
+4. Activations and the statistics beyond the norm (issue 45), functional PyNative loop with
+   Adam: plain; the core metrics every 10th step; the same plus ``activations`` (the
+   default modules: the three Dense layers), plus ``act_grad``, plus ``param_stats`` and
+   ``optimizer_state`` with every ``param_stat_kinds``; and activations every step. Each
+   ratio is against plain and against the core-only monitor beside it, per round.
 
-    python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300] [--only model]
+    python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300]
+                             [--only functional|model|activations]
                              [--lr-schedule] [--instances 3] [--not-held]
 
 Prints ratios of block times (blocks interleaved, order rotated each round) with their
@@ -192,6 +198,70 @@ def functional(steps: int, rounds: int, base: str) -> None:
             f"us/step = {(inside[name] - inside['blame off']) / (plain / steps):+.2%} of a "
             f"plain step; {counts[id(variants[name])]}"
         )
+
+
+def activations_cost(steps: int, rounds: int, base: str) -> None:
+    """Section 4 of the module docstring."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = mlp()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    x, y = data(64 * 8)
+    batches = [(ms.Tensor(x[i : i + 64]), ms.Tensor(y[i : i + 64])) for i in range(0, 512, 64)]
+
+    def block() -> float:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss, grads = grad_fn(*batches[i % len(batches)])
+            opt(grads)
+        float(loss.asnumpy())
+        return time.perf_counter() - t0
+
+    block()
+    core = ["loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"]
+    kinds = ["norm", "max_abs", "nonfinite", "zero_frac"]
+    arms = {
+        "core, every 10th": dict(log_interval=10, track_metrics=core),
+        "+ activations, every 10th": dict(log_interval=10, track_metrics=[*core, "activations"]),
+        "+ act_grad, every 10th": dict(
+            log_interval=10, track_metrics=[*core, "activations", "act_grad"]
+        ),
+        "+ param/moment stats (4 kinds), every 10th": dict(
+            log_interval=10,
+            track_metrics=[*core, "param_stats", "optimizer_state"],
+            param_stat_kinds=kinds,
+        ),
+        "core, every step": dict(log_interval=1, track_metrics=core),
+        "+ activations, every step": dict(log_interval=1, track_metrics=[*core, "activations"]),
+    }
+    mons = {
+        name: Monitor(save_dir=base, run_name=f"act_{i}", blame=NO_BLAME, **cfg)
+        for i, (name, cfg) in enumerate(arms.items())
+    }
+    times: dict[str, list[float]] = {"plain": [], **{name: [] for name in arms}}
+    order = list(times)
+    for r in range(rounds):
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            if name == "plain":
+                times[name].append(block())
+            else:
+                with mons[name].watch():
+                    times[name].append(block())
+    for mon in mons.values():
+        mon.close()
+    plain = statistics.median(times["plain"])
+    print(f"activations (PyNative, Adam), {steps}-step blocks x {rounds} rounds, order rotated:")
+    print(f"  plain: {plain / steps * 1e3:.1f} ms/step")
+    for name in arms:
+        anchor = "core, every step" if name.endswith("every step") else "core, every 10th"
+        vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
+        line = f"  {name:44s} / plain {_spread(vs_plain)}"
+        if name != anchor:
+            vs_core = [t / c for t, c in zip(times[name], times[anchor], strict=True)]
+            line += f"; / {anchor} {_spread(vs_core)}"
+        print(line)
 
 
 class _Own:
@@ -492,7 +562,7 @@ def main() -> None:
     parser.add_argument(
         "--train-rounds", type=int, default=None, help="Model.train rounds (default: --rounds)"
     )
-    parser.add_argument("--only", choices=("functional", "model"), default=None)
+    parser.add_argument("--only", choices=("functional", "model", "activations"), default=None)
     parser.add_argument(
         "--lr-schedule", action="store_true", help="Model.train with a list lr schedule"
     )
@@ -509,6 +579,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as base:
         if args.only in (None, "functional"):
             functional(args.steps, args.rounds, base)
+        if args.only in (None, "activations"):
+            activations_cost(args.steps, args.rounds, base)
         if args.only in (None, "model"):
             model_train(
                 args.train_steps,

@@ -97,6 +97,35 @@ def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, 
     return chosen
 
 
+def _hook_state(cell: Any) -> tuple[dict[str, Any], set[str] | None]:
+    """What registering a hook changes on ``cell``, as it is now: its hook attributes
+    and the names of its primitives.
+
+    ``handle.remove()`` empties the hook dicts but leaves what registering made (MindSpore
+    2.10: ``_lazy_*_hook`` dicts where None stood, a ``CellBackwardHook`` primitive in
+    ``_cell_backward_hook`` and ``_primitives``); ``_restore_hook_state`` puts the
+    cell back as it was, so that its steps between collected ones, and its training after
+    the watch, run exactly the code they ran without us."""
+    state = {k: v for k, v in vars(cell).items() if "hook" in k}
+    primitives = getattr(cell, "_primitives", None)
+    return state, (set(primitives) if isinstance(primitives, dict) else None)
+
+
+def _restore_hook_state(cell: Any, state: dict[str, Any], primitives: set[str] | None) -> None:
+    """Undo ``_hook_state``'s changes by writing the instance dict directly (not through
+    ``Cell.__setattr__``, which would file a primitive again)."""
+    held = vars(cell)
+    for key in [k for k in held if "hook" in k]:
+        if key in state:
+            held[key] = state[key]
+        else:
+            del held[key]
+    table = held.get("_primitives")
+    if primitives is not None and isinstance(table, dict):
+        for key in [k for k in table if k not in primitives]:
+            del table[key]
+
+
 def _first_tensor(value: Any) -> Any:
     """The first tensor of a module's output (a tuple's first; a dict's first value)."""
     leaves = flatten_tensors(value)
@@ -118,6 +147,7 @@ class Activations:
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
         self.handles: list[Any] = []
+        self.before: list[tuple[Any, dict[str, Any], set[str] | None]] = []  # _hook_state
         self.kept: dict[str, Any] = {}  # tag prefix -> the tensor seen this step
         self.wants_root = False  # a collected step began before the network was known
         self.computed = 0  # statistics computed (one per module and kind, per step)
@@ -154,6 +184,7 @@ class Activations:
     def _hook(self) -> None:
         for path, cell in self.modules:
             name = param_tag(path)
+            self.before.append((cell, *_hook_state(cell)))
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
@@ -184,6 +215,9 @@ class Activations:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for cell, state, primitives in reversed(self.before):
+            _restore_hook_state(cell, state, primitives)
+        self.before.clear()
         self.wants_root = False
 
     def take(self) -> dict[str, float]:

@@ -102,6 +102,23 @@ def twin(grads):
     return expected, state(opt)
 
 
+def hook_state(cell):
+    """A cell's hook attributes (their types and sizes) and the names of its primitives."""
+    hooks = {k: (type(v).__name__, len(v) if hasattr(v, "__len__") else v)
+             for k, v in vars(cell).items() if "hook" in k}  # fmt: skip
+    return hooks, sorted(vars(cell).get("_primitives", {}))
+
+
+def plain_hook_state():
+    """``hook_state`` of every cell after the same training, never monitored or hooked."""
+    net, opt, grad_fn = build()
+    x, y = tiny.data()
+    for a, c in tiny.batches(x, y, steps=STEPS):
+        _, g = grad_fn(a, c)
+        opt(g)
+    return {name: hook_state(cell) for name, cell in net.cells_and_names()}
+
+
 def recorded(run):
     return {t: run.scalars(t) for t in run.tags() if re.match(r"act(_grad)?/", t)}
 
@@ -112,8 +129,8 @@ def test_pynative_exact_against_float64_hooks_and_training_unchanged(tmp_path, g
     track = [*CORE_METRICS, "activations", *(["act_grad"] if grads else [])]
     cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track,
                module_targets=["^fc", "^act$"])  # fmt: skip
+    net, opt, grad_fn = build()
     with Monitor(**cfg) as mon, mon.watch() as watch:
-        _, opt, grad_fn = build()
         x, y = tiny.data()
         for a, c in tiny.batches(x, y, steps=STEPS):
             _, g = grad_fn(a, c)
@@ -136,6 +153,9 @@ def test_pynative_exact_against_float64_hooks_and_training_unchanged(tmp_path, g
     assert watch.acts.calls == len(steps) * modules
     assert watch.acts.computed == len(steps) * modules * len(STATS)
     assert not watch.acts.handles  # none left on the user's cells
+    # and nothing registering them made: each cell's hook attributes are what training
+    # without a monitor leaves
+    assert {name: hook_state(cell) for name, cell in net.cells_and_names()} == plain_hook_state()
 
 
 def test_default_selection_spreads_over_a_deep_model():
