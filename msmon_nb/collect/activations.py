@@ -22,8 +22,11 @@ when the step has ended. A hook returns None: the output and the gradient flow o
 unchanged. A module called more than once in a step (accumulation's micro-batches, a
 shared layer) is recorded at its first call.
 
-Compiled steps (``@ms.jit``, GRAPH_MODE train cells, ``Model.train``) run no Python
-hook; there activations are not recorded yet, and one warning says so.
+Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there
+the statistics are compiled into the step's graph (``collect.acttaps``), computed only
+while a flag says the step is collected. Their network is the train cell, or the cell
+with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
+is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
@@ -44,7 +48,10 @@ def module_paths(root: Any) -> list[tuple[str, Any]]:
     """``[(path, cell)]`` of every cell under ``root`` (itself excluded), each path
     spelled as its parameters are named where it holds some (``_own_params``), the
     wrapping cells' prefix taken off the others the same way."""
-    cells = [(name, cell) for name, cell in root.cells_and_names() if name]
+    inside = {
+        id(c) for _, o in root.cells_and_names() if is_optimizer(o) for _, c in o.cells_and_names()
+    }
+    cells = [(n, c) for n, c in root.cells_and_names() if n and id(c) not in inside]
     strip = ""
     for name, cell in cells:
         own = _own_params(cell)
@@ -95,6 +102,53 @@ def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, 
             seen.add(id(cell))
             chosen.append((path, cell))
     return chosen
+
+
+def graph_mode() -> bool:
+    """Whether cells called from Python now run compiled (GRAPH_MODE)."""
+    import mindspore as ms
+
+    return ms.get_context("mode") == ms.GRAPH_MODE
+
+
+def jit_root(executor: Any) -> Any:
+    """The network a jit step runs: the Cell it is a method of, else the Cell with the
+    most parameters among those its function refers to (closures, globals, three levels
+    of the functions it calls: a ``value_and_grad`` over a forward that calls the
+    network). Read, never called."""
+    from mindspore import nn
+
+    obj = getattr(executor, "obj", None)
+    if isinstance(obj, nn.Cell) and not is_optimizer(obj):
+        return obj
+    found: list[Any] = []
+
+    def keep(item: Any) -> None:
+        if isinstance(item, nn.Cell) and not is_optimizer(item):
+            found.append(item)
+
+    _walk(getattr(executor, "fn", None), keep, 3, set())
+    if not found:
+        return None
+    return max(found, key=lambda c: len(list(c.get_parameters())))
+
+
+def _walk(fn: Any, keep: Callable[[Any], None], depth: int, seen: set[int]) -> None:
+    """Hand ``keep`` every object ``fn`` refers to by closure or global name, and those
+    of the functions among them, ``depth`` levels down."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or depth == 0 or id(fn) in seen:
+        return
+    seen.add(id(fn))
+    items = [c.cell_contents for c in (fn.__closure__ or ()) if closure_filled(c)]
+    names = getattr(fn, "__globals__", {})
+    items += [names[n] for n in code.co_names if n in names]
+    for item in items:
+        keep(item)
+        inner = getattr(item, "fn", None) or getattr(item, "__func__", None) or item
+        if callable(inner):
+            _walk(inner, keep, depth - 1, seen)
 
 
 def _hook_state(cell: Any) -> tuple[dict[str, Any], set[str] | None]:
@@ -151,12 +205,17 @@ class Activations:
         self.kept: dict[str, Any] = {}  # tag prefix -> the tensor seen this step
         self.wants_root = False  # a collected step began before the network was known
         self.computed = 0  # statistics computed (one per module and kind, per step)
+        self.graph: Any = None  # collect.acttaps.GraphActivations, once a compiled step ran
+        self.collecting = False
         self.calls = 0  # hook calls: only collected steps make any
 
     def arm(self, collect: bool) -> None:
         """A step begins: on a collected one, hook the modules (once the network is
         known; until then ``see`` waits for its first cell call)."""
         self.disarm()
+        self.collecting = collect
+        if self.graph is not None:
+            self.graph.set_collect(collect)
         if not collect:
             return
         if self.root is None:
@@ -210,6 +269,12 @@ class Activations:
 
         return backward_hook
 
+    def close(self) -> None:
+        """The watch ends: hooks off, swapped classes back."""
+        self.disarm()
+        if self.graph is not None:
+            self.graph.uninstall()
+
     def disarm(self) -> None:
         """Remove every hook of ours (a step ended, or the watch closes)."""
         for handle in self.handles:
@@ -220,10 +285,35 @@ class Activations:
         self.before.clear()
         self.wants_root = False
 
-    def take(self) -> dict[str, float]:
-        """The collected step's ``{tag: value}``; the hooks go and what they kept too."""
+    def compiled_root(self, root: Any) -> None:
+        """A compiled step is about to run (compile, the first time) with ``root`` as its
+        network: its selected modules' classes are swapped for tapped ones, once."""
+        self.wants_root = False
+        if self.graph is not None or root is None:
+            return
+        from msmon_nb.collect.acttaps import GraphActivations
+
+        modules = select_modules(root, self.targets)
+        if not modules:
+            self.warn_once("activations none", f"activations: no module selected in {root!r}")
+            return
+        self.graph = GraphActivations(modules)
+        self.graph.set_collect(self.collecting)
+        if self.grads:
+            self.warn_once(
+                "act_grad compiled",
+                "act_grad is recorded in PyNative steps; inside this compiled step only the "
+                "activations are (act/...), not their gradients; training goes on",
+            )
+
+    def take(self, compiled: bool = False) -> dict[str, float]:
+        """The collected step's ``{tag: value}``; the hooks go and what they kept too.
+        ``compiled``: the step ran a graph that holds the tapped modules."""
         self.disarm()
         out: dict[str, float] = {}
+        if compiled and self.graph is not None:
+            out.update(self.graph.take())
+            self.computed += len(out)
         for prefix, tensor in self.kept.items():
             if tensor is None:
                 continue
@@ -234,10 +324,10 @@ class Activations:
         return out
 
     def compiled(self, where: str) -> None:
-        """A collected step ran compiled (``where``): no Python hook runs inside it."""
+        """A collected step ran compiled (``where``) and no network of it was found."""
         self.warn_once(
             "activations compiled",
-            f"activations are recorded in PyNative steps; this loop's {where} runs "
-            "compiled, where no forward hook runs, so no act/... series are recorded "
-            "for it (not supported yet); training goes on",
+            f"activations: this loop's {where} runs compiled and msmon found no network "
+            "cell it runs (a jit step whose cells it cannot see), so no act/... series are "
+            "recorded for it; training goes on",
         )

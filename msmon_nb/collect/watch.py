@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from msmon_nb.collect.accumulation import holds_buffer
-from msmon_nb.collect.activations import Activations
+from msmon_nb.collect.activations import Activations, graph_mode, jit_root
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import find_ways_in, is_optimizer, original
@@ -272,7 +272,7 @@ class Watch:
             pass
         try:
             if self.acts is not None:
-                self.acts.disarm()
+                self.acts.close()
             self._patches.restore()
             self._torch.detach()
             if self.tap is not None:
@@ -385,6 +385,8 @@ class Watch:
                 return original(cell, *args, **kwargs)
             train = watch._is_train_cell(cell)
             watch._begin("train_cell" if train else "cell")
+            if train and watch.acts is not None and graph_mode():
+                watch._guard(watch.acts.compiled_root, cell)  # before it compiles
             if train:
                 watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
@@ -442,6 +444,8 @@ class Watch:
             if top:
                 watch._begin("jit")
             watch.calls += top
+            if top and watch.acts is not None:  # before it compiles (collect.acttaps)
+                watch._guard(watch.acts.compiled_root, watch._guard(jit_root, executor))
             watch._install_tap()
             if top:
                 watch._lr_before(executor)
@@ -911,9 +915,10 @@ class Watch:
     def _activations(self) -> dict[str, float]:
         """The step's ``act/...`` values; a compiled step, which runs no hook, says so."""
         acts = self.acts
-        if acts.wants_root and self.kind in ("jit", "train_cell"):
+        compiled = self.kind in ("jit", "train_cell") and acts.graph is not None
+        if acts.wants_root and self.kind in ("jit", "train_cell") and acts.graph is None:
             acts.compiled("jit step" if self.kind == "jit" else "train cell")
-        return acts.take()
+        return acts.take(compiled)
 
     def _several(self, seen: GradSeen) -> dict[str, float]:
         """Two or more optimizers stepped inside the step's one call (``collect.several``):

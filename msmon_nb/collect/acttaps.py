@@ -1,0 +1,122 @@
+"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells): each
+selected module's output summarised in the graph, on collected steps only.
+
+No Python hook runs inside a graph, so the statistics are compiled into it, the way the
+optimizer tap (``collect.graph``) compiles the gradient norm: each selected module's
+class is swapped, for the watch's lifetime, for a subclass whose ``construct`` runs the
+original (called as a bound method, as ``collect.graph._tapped`` calls an optimizer's),
+then, while the ``on`` flag is 1, assigns ``[norm, max_abs, mean, nonfinite, zero_frac]``
+of the output (``metrics.extent.ACT_STATS``) to a Parameter of ours and passes the output
+on unchanged (``ops.depend`` on a scalar token, as the optimizer tap does: the output's
+own value never goes through a branch). The flag is written in place before each step
+(``graph.write_scalar``): on a step that is not collected the branch computes nothing.
+
+The statistics are reduced in float64 on the CPU (its kernels take it), so that they
+match a float64 reference up to summation order; float32 elsewhere. A class swap leaves
+the cell tree, the Parameters and their names as they were (a wrapper cell would rename
+``parameters_and_names()``, which checkpoints use); ``uninstall`` swaps the classes back.
+Which graphs compile with the swapped classes, and that they are dropped after, is
+``collect.recompile``'s business: they hold the optimizer tap too, and our Parameters
+are named ``msmon_*``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+
+from msmon_nb.collect.graph import tap_scalar, write_scalar
+from msmon_nb.collect.values import param_tag
+from msmon_nb.metrics.extent import ACT_STATS
+
+_ONE = Tensor(1, ms.int32)
+_ZERO = Tensor(0, ms.int32)
+_SERIAL = itertools.count()
+
+
+def _stats(x: Any, wide: Any) -> Any:
+    """``ACT_STATS`` of ``x`` as one vector; graph syntax."""
+    x = ops.cast(x, wide)
+    norm = ops.sqrt(ops.reduce_sum(x * x))
+    top = ops.reduce_max(ops.abs(x))
+    mean = ops.reduce_mean(x)
+    bad = ops.reduce_sum(ops.cast(ops.logical_not(ops.isfinite(x)), wide))
+    zero = ops.reduce_mean(ops.cast(ops.equal(x, 0), wide))
+    return ops.stack([norm, top, mean, bad, zero])
+
+
+def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, wide: Any) -> type:
+    """A subclass of ``cls`` whose ``construct`` also stores its output's statistics."""
+
+    # MindSpore parses this function's source: plain graph syntax, closure variables
+    def construct(self, *inputs):
+        out = self._msmon_act_inner(*inputs)
+        first = out[0] if isinstance(out, tuple) else out
+        if on > 0:
+            stored = ops.assign(store, _stats(first, wide))
+            token = ops.depend(_ONE, ops.depend(stored, ops.assign_add(count, _ONE)))
+        else:
+            token = _ZERO
+        return ops.depend(out, token)
+
+    body = {"construct": construct, "_msmon_act_inner": cls.construct, "_msmon_act_of": cls}
+    return type(cls.__name__, (cls,), body)
+
+
+class GraphActivations:
+    """The swapped classes of one watch's selected modules, their Parameters and flag."""
+
+    def __init__(self, modules: Sequence[tuple[str, Any]]) -> None:
+        cpu = ms.get_context("device_target") == "CPU"
+        self.dtype = np.float64 if cpu else np.float32
+        wide = ms.float64 if cpu else ms.float32
+        self.on = tap_scalar("msmon_act_on", 0, ms.int32)
+        # statistics vectors the graphs computed: a module's branch adds 1 when it runs,
+        # so that a test can count that steps not collected compute none
+        self.count = tap_scalar("msmon_act_count", 0, ms.int32)
+        self._on = False
+        self.stores: dict[str, Parameter] = {}
+        self.swapped: list[tuple[Any, type]] = []
+        for path, cell in modules:
+            store = Parameter(
+                Tensor(np.zeros(len(ACT_STATS), self.dtype)),
+                name=f"msmon_act_{next(_SERIAL)}",
+                requires_grad=False,
+            )
+            self.stores[f"act/{param_tag(path)}"] = store
+            original = type(cell)
+            cell.__class__ = _tapped_class(original, store, self.on, self.count, wide)
+            self.swapped.append((cell, original))
+        self.reads = 0  # collected steps read
+
+    def set_collect(self, collect: bool) -> None:
+        """Compute the statistics in the coming graph runs or not (a write on a change)."""
+        if collect != self._on:
+            write_scalar(self.on, int(collect))
+            self._on = collect
+
+    def take(self) -> dict[str, float]:
+        """The last collected run's ``{tag: value}`` (read after the step: ``asnumpy``
+        waits for the graph that writes them)."""
+        self.reads += 1
+        out: dict[str, float] = {}
+        for prefix, store in self.stores.items():
+            values = store.asnumpy().astype(np.float64)
+            for stat, value in zip(ACT_STATS, values, strict=True):
+                out[f"{prefix}/{stat}"] = float(value)
+        return out
+
+    def computed(self) -> int:
+        """How many statistics vectors the graphs computed so far (``count``)."""
+        return int(self.count.asnumpy())
+
+    def uninstall(self) -> None:
+        """Every swapped cell gets its own class back."""
+        for cell, original in reversed(self.swapped):
+            cell.__class__ = original
+        self.swapped.clear()
