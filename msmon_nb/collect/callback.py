@@ -102,6 +102,8 @@ class MonitorCallback(Callback):
         # whether the train cell accumulates gradients (read once per Model.train call):
         # without a buffer, a step that calls no optimizer skipped its update
         self._buffer: bool | None = None
+        self.acts: Any = None  # collect.activations.Activations while activations are on
+        self._act_cells: list[Any] = []  # train cells compiled with activation taps
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -118,20 +120,34 @@ class MonitorCallback(Callback):
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._buffer = mon.guard("reading the train cell", holds_buffer, network)
+        mon.guard("tapping the activations", self._tap_activations, network)
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
-        if mon.config.tracks("activations") or mon.config.tracks("act_grad"):
-            mon.warn_once(
-                "activations compiled",
-                "activations are recorded in PyNative steps under mon.watch(); Model.train's "
-                "callback does not record them yet (no act/... series); training goes on",
-            )
         # no user code reads the monitor between steps: fast steps' scalars go in batches
         mon.guard("holding fast steps' scalars", mon.hold_emits, True)
         mon.mark_step_start(restart=True)
         self._offset = 0 if mon.last_step is None else mon.last_step
         self._t_end = None
+
+    def _tap_activations(self, network: Any) -> None:
+        """``activations``: in GRAPH_MODE the train cell's selected modules are tapped
+        (``collect.acttaps``) and its compiled graph dropped, so that it compiles with
+        them; in PyNative the hooks go on at each collected step's begin."""
+        config = self.monitor.config
+        if network is None or not (config.tracks("activations") or config.tracks("act_grad")):
+            return
+        from msmon_nb.collect.activations import Activations, graph_mode
+
+        acts = Activations(config.module_targets, config.tracks("act_grad"), self.monitor.warn_once)
+        self.acts = acts
+        if graph_mode():
+            acts.compiled_root(network)
+            if acts.graph is not None:
+                drop_compiled([network])
+                network._msmon_taps = None  # compile again, with the swapped classes
+                self._compile_first = True
+                self._act_cells.append(network)
 
     def on_train_step_begin(self, run_context: Any) -> None:
         if self._compile_first:
@@ -153,6 +169,11 @@ class MonitorCallback(Callback):
                 mon.guard("reading the taps", tap.begin, between)
         self._lr = None
         self._scale = None
+        acts = self.acts
+        if acts is not None:
+            mon.guard("arming the activations", acts.arm, self._collect)
+            if self._collect and acts.graph is None:  # PyNative: hooks on its modules
+                mon.guard("hooking the activations", acts.see, self.network)
         if self._collect:
             held = self._held_optimizers()
             if len(held) > 1:  # each one's, should several step (collect.several)
@@ -199,6 +220,9 @@ class MonitorCallback(Callback):
             )
             extra = {**(extra or {}), **(got or {})}
             loss = self._lr = None
+        if collect and self.acts is not None:
+            got = mon.guard("reading the activations", self.acts.take, self.acts.graph is not None)
+            extra = {**(extra or {}), **(got or {})}
         # the parameters (references, no copy): param_stats reads them, and blame's
         # detail after an alert reads their weights
         wants_params = (
@@ -390,12 +414,18 @@ class MonitorCallback(Callback):
         if cell is not None:
             mon.guard("removing the loss tap", remove_loss_tap, cell)
             drop_compiled([cell])  # its graph held the loss tap
+        acts, self.acts = self.acts, None
+        if acts is not None:
+            mon.guard("switching the activations off", acts.arm, False)
+            mon.guard("putting the modules' classes back", acts.close)
 
     def close(self) -> None:
         """The monitor closes: ``release``, and the train cells whose graph holds the taps
         this callback used lose that graph (their next ``Model.train`` compiles once,
         without us), so nothing of ours stays in them."""
         self.release()
+        act_cells, self._act_cells = self._act_cells, []
+        drop_compiled(act_cells)  # their graphs hold the activation taps
         cells, self._compiled = self._compiled, []
         for cell in cells:
             taps = getattr(cell, "_msmon_taps", None)

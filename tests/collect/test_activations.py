@@ -12,9 +12,11 @@ run no hook of ours at all (counted).
 import re
 
 import mindspore as ms
+import mindspore.dataset as mds
 import numpy as np
 import pytest
 from mindspore import nn
+from mindspore.train import Callback, Model
 
 from msmon_nb.collect.activations import DEFAULT_MODULES, select_modules
 from msmon_nb.config import CORE_METRICS
@@ -260,3 +262,68 @@ def test_compiled_steps_compute_them_in_the_graph(tmp_path, compiled):
     x, y = tiny.data()
     for a, c in tiny.batches(x, y, steps=2):
         assert np.isfinite(float(step(a, c).asnumpy()))
+
+
+class Before(Callback):
+    """The twin's record of each collected step's inputs and weights, taken before the
+    step (as the step's own forward pass sees them)."""
+
+    def __init__(self, net):
+        self.net, self.kept = net, {}
+
+    def on_train_step_begin(self, run_context):
+        cb = run_context.original_args()
+        if cb.cur_step_num % EVERY == 0:
+            weights = {p.name: p.asnumpy().copy() for p in self.net.trainable_params()}
+            self.kept[cb.cur_step_num] = (cb.train_dataset_element[0].asnumpy(), weights)
+
+
+def model_run(callbacks):
+    net, opt, _ = build()
+    model = Model(net, tiny.loss_fn(), opt)
+    x, y = tiny.data(n=32 * STEPS)
+    data = mds.NumpySlicesDataset((x, y), column_names=["x", "y"], shuffle=False).batch(32)
+    model.train(1, data, callbacks=callbacks(net), dataset_sink_mode=False)
+    return net, opt
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+def test_model_train_callback_records_them(tmp_path, mode):
+    if mode == "graph":
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        before = []
+        _, twin_opt = model_run(lambda net: before.append(Before(net)) or before)
+        final = state(twin_opt)
+        del twin_opt
+        fresh, _, _ = build()
+        expected = {}
+        for step, (x, weights) in before[0].kept.items():
+            for p in fresh.trainable_params():
+                p.set_data(ms.Tensor(weights[p.name]))
+            expected[step] = {
+                f"{prefix}/{stat}": value
+                for prefix, array in forward_reference(fresh, ms.Tensor(x)).items()
+                for stat, value in stats64(array).items()
+            }
+        track = [*CORE_METRICS, "activations"]
+        cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track,
+                   module_targets=["^fc", "^act$"])  # fmt: skip
+        with Monitor(**cfg) as mon:
+            net, opt = model_run(lambda net: [mon.callback()])
+            classes = {name: type(cell) for name, cell in net.cells_and_names()}
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    for want, got in zip(final, state(opt), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert all(not hasattr(c, "_msmon_act_of") for c in classes.values())  # put back
+    series = recorded(load_run(mon.run_dir))
+    steps = sorted(expected)
+    assert steps == [3, 6] and set(series) == set(expected[3])
+    for tag, s in series.items():
+        assert s.steps.tolist() == steps, tag
+        want = np.array([expected[step][tag] for step in steps])
+        if tag.endswith(("nonfinite", "zero_frac")):
+            np.testing.assert_array_equal(s.values, np.float32(want), err_msg=tag)
+        else:
+            np.testing.assert_allclose(s.values, want, rtol=2e-6, atol=1e-30, err_msg=tag)
