@@ -239,6 +239,23 @@ def activations_cost(steps: int, rounds: int, base: str) -> None:
         name: Monitor(save_dir=base, run_name=f"act_{i}", blame=NO_BLAME, **cfg)
         for i, (name, cfg) in enumerate(arms.items())
     }
+    # the activations' own work (hooks on and off, the statistics), timed where it runs:
+    # a figure the other jobs on a shared machine move far less than block times
+    from msmon_nb.collect.activations import Activations
+
+    own = {"s": 0.0}
+    for method in ("arm", "see", "take"):
+        inner = getattr(Activations, method)
+
+        def timed(self, *a, _inner=inner, **k):
+            t0 = time.perf_counter()
+            try:
+                return _inner(self, *a, **k)
+            finally:
+                own["s"] += time.perf_counter() - t0
+
+        setattr(Activations, method, timed)
+    own_by: dict[str, float] = {name: 0.0 for name in arms}
     times: dict[str, list[float]] = {"plain": [], **{name: [] for name in arms}}
     order = list(times)
     for r in range(rounds):
@@ -247,8 +264,10 @@ def activations_cost(steps: int, rounds: int, base: str) -> None:
             if name == "plain":
                 times[name].append(block())
             else:
+                before = own["s"]
                 with mons[name].watch():
                     times[name].append(block())
+                own_by[name] += own["s"] - before
     for mon in mons.values():
         mon.close()
     plain = statistics.median(times["plain"])
@@ -261,6 +280,9 @@ def activations_cost(steps: int, rounds: int, base: str) -> None:
         if name != anchor:
             vs_core = [t / c for t, c in zip(times[name], times[anchor], strict=True)]
             line += f"; / {anchor} {_spread(vs_core)}"
+        if own_by[name]:
+            per = own_by[name] / (rounds * steps)
+            line += f"; activations' own {per * 1e6:.0f} us/step = {per / (plain / steps):.2%}"
         print(line)
 
 

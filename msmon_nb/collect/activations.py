@@ -314,6 +314,13 @@ class Activations:
         if compiled and self.graph is not None:
             out.update(self.graph.take())
             self.computed += len(out)
+            if not out:
+                self.warn_once(
+                    "activations stale",
+                    "activations: this collected step's graph computed none of them (a jit "
+                    "function compiled before the watch that holds no optimizer keeps its "
+                    "graph, which has no activation taps); nothing is recorded for it",
+                )
         for prefix, tensor in self.kept.items():
             if tensor is None:
                 continue

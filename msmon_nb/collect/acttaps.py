@@ -39,15 +39,15 @@ _ZERO = Tensor(0, ms.int32)
 _SERIAL = itertools.count()
 
 
-def _stats(x: Any, wide: Any) -> Any:
-    """``ACT_STATS`` of ``x`` as one vector; graph syntax."""
+def _stats(x: Any, wide: Any, serial: Any) -> Any:
+    """``ACT_STATS`` of ``x`` and ``serial`` as one vector; graph syntax."""
     x = ops.cast(x, wide)
     norm = ops.sqrt(ops.reduce_sum(x * x))
     top = ops.reduce_max(ops.abs(x))
     mean = ops.reduce_mean(x)
     bad = ops.reduce_sum(ops.cast(ops.logical_not(ops.isfinite(x)), wide))
     zero = ops.reduce_mean(ops.cast(ops.equal(x, 0), wide))
-    return ops.stack([norm, top, mean, bad, zero])
+    return ops.stack([norm, top, mean, bad, zero, ops.cast(serial, wide)])
 
 
 def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, wide: Any) -> type:
@@ -58,8 +58,11 @@ def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, 
         out = self._msmon_act_inner(*inputs)
         first = out[0] if isinstance(out, tuple) else out
         if on > 0:
-            stored = ops.assign(store, _stats(first, wide))
-            token = ops.depend(_ONE, ops.depend(stored, ops.assign_add(count, _ONE)))
+            # the count after this module's run goes with its statistics: the host
+            # takes a module's values only when that serial moved (a graph compiled
+            # before the taps, or a module the step did not run, leaves it still)
+            serial = ops.assign_add(count, _ONE)
+            token = ops.depend(_ONE, ops.assign(store, _stats(first, wide, serial)))
         else:
             token = _ZERO
         return ops.depend(out, token)
@@ -84,7 +87,7 @@ class GraphActivations:
         self.swapped: list[tuple[Any, type]] = []
         for path, cell in modules:
             store = Parameter(
-                Tensor(np.zeros(len(ACT_STATS), self.dtype)),
+                Tensor(np.zeros(len(ACT_STATS) + 1, self.dtype)),
                 name=f"msmon_act_{next(_SERIAL)}",
                 requires_grad=False,
             )
@@ -93,6 +96,7 @@ class GraphActivations:
             cell.__class__ = _tapped_class(original, store, self.on, self.count, wide)
             self.swapped.append((cell, original))
         self.reads = 0  # collected steps read
+        self.serials: dict[str, float] = {}  # prefix -> the serial its values had last read
 
     def set_collect(self, collect: bool) -> None:
         """Compute the statistics in the coming graph runs or not (a write on a change)."""
@@ -107,7 +111,11 @@ class GraphActivations:
         out: dict[str, float] = {}
         for prefix, store in self.stores.items():
             values = store.asnumpy().astype(np.float64)
-            for stat, value in zip(ACT_STATS, values, strict=True):
+            serial = float(values[-1])
+            if serial <= self.serials.get(prefix, 0.0):
+                continue  # not computed since the last read: stale, not this step's
+            self.serials[prefix] = serial
+            for stat, value in zip(ACT_STATS, values[:-1], strict=True):
                 out[f"{prefix}/{stat}"] = float(value)
         return out
 

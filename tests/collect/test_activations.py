@@ -10,6 +10,7 @@ run no hook of ours at all (counted).
 """
 
 import re
+import warnings
 
 import mindspore as ms
 import mindspore.dataset as mds
@@ -20,6 +21,7 @@ from mindspore.train import Callback, Model
 
 from msmon_nb.collect.activations import DEFAULT_MODULES, select_modules
 from msmon_nb.config import CORE_METRICS
+from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from tests.support import tiny
@@ -327,3 +329,40 @@ def test_model_train_callback_records_them(tmp_path, mode):
             np.testing.assert_array_equal(s.values, np.float32(want), err_msg=tag)
         else:
             np.testing.assert_allclose(s.values, want, rtol=2e-6, atol=1e-30, err_msg=tag)
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["compiled_inside", "compiled_before"])
+def test_jit_grad_function_with_the_optimizer_in_python(tmp_path, before):
+    """``ms.jit(value_and_grad(...))`` and the optimizer called from Python: compiled
+    under the watch, its graph holds the taps and records them; compiled before (it holds
+    no optimizer, so ``collect.recompile`` keeps that graph), it holds none: nothing stale
+    is recorded, and a warning says why."""
+    net, opt, _ = build()
+    loss_fn = tiny.loss_fn()
+
+    def forward(a, c):
+        return loss_fn(net(a), c)
+
+    grad_fn = ms.jit(ms.value_and_grad(forward, None, opt.parameters))
+    x, y = tiny.data()
+    batches = list(tiny.batches(x, y, steps=STEPS + 1))
+    if before:
+        _, g = grad_fn(*batches[0])
+        opt(g)
+    track = [*CORE_METRICS, "activations"]
+    cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(**cfg) as mon, mon.watch():
+            for a, c in batches[1:]:
+                _, g = grad_fn(a, c)
+                opt(g)
+    said = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    series = recorded(load_run(mon.run_dir))
+    if before:
+        assert not series
+        assert any("computed none of them" in m for m in said), said
+    else:
+        assert {t.split("/")[1] for t in series} == {"fc1", "fc2"}  # the default: Dense layers
+        assert all(s.steps.tolist() == [0, 3, 6] for s in series.values())
+        assert all(np.all(np.isfinite(s.values)) for s in series.values())
