@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 export GLOG_v ?= 3
 
-.PHONY: demo test lint bench conformance venv clean-venv sysdeps
+.PHONY: demo test lint bench conformance docs venv clean-venv sysdeps
 
 venv: $(STAMP)
 
@@ -44,29 +44,58 @@ demo: $(STAMP)
 sysdeps:
 	bash .ci/sysdeps
 
-# Suites that check results only (no timing, liveness or overhead assertions) run in a
-# second pytest beside the rest, at the lowest CPU priority: the rest mostly keeps one core
-# busy (tiny models, pages, kernels), so they fill the other one and the rest's timing
-# checks keep the cores they need. Their log is printed after the rest's summary.
-BESIDE := tests/conformance tests/trainers tests/diagnose tests/detection tests/scenarios
+# Suites that check results only (no timing, liveness or overhead assertions) run in two
+# more pytest processes beside the rest, at the lowest CPU priority: the rest mostly waits on
+# pages, kernels and live steps (about half of two cores busy), so they fill what it leaves
+# and the rest's timing checks keep the cores they need. Their logs are printed after the
+# rest's summary; build/test-rest.status says when the rest is done (.ci/run starts its
+# other jobs then), build/junit-*.xml hold each test's time (for balancing the halves).
+BESIDE_A := tests/conformance tests/scenarios
+BESIDE_B := tests/trainers tests/diagnose tests/detection
+BESIDE := $(BESIDE_A) $(BESIDE_B)
+PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 test: $(STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@mkdir -p build
-	@( nice -n 19 $(BIN)/python -m pytest -p no:cacheprovider $(BESIDE) \
-	    > build/test-beside.log 2>&1; echo $$? > build/test-beside.status ) & \
-	$(BIN)/python -m pytest $(addprefix --ignore=,$(BESIDE)); rest=$$?; \
-	wait; echo; echo "== beside it, at nice 19: $(BESIDE) =="; \
-	cat build/test-beside.log; \
-	[ $$rest = 0 ] && [ "$$(cat build/test-beside.status)" = 0 ]
+	@mkdir -p build; rm -f build/test-rest.status build/test-beside-*.status
+	@for half in a b; do \
+	    if [ $$half = a ]; then dirs="$(BESIDE_A)"; else dirs="$(BESIDE_B)"; fi; \
+	    ( nice -n 19 $(PYTEST) --junitxml=build/junit-beside-$$half.xml $$dirs \
+	        > build/test-beside-$$half.log 2>&1; \
+	      echo $$? > build/test-beside-$$half.status ) & \
+	done; \
+	$(BIN)/python -m pytest --junitxml=build/junit-rest.xml $(addprefix --ignore=,$(BESIDE)); \
+	rest=$$?; echo $$rest > build/test-rest.status; \
+	wait; status=$$rest; \
+	for half in a b; do \
+	    echo; echo "== beside it, at nice 19: build/test-beside-$$half.log =="; \
+	    cat build/test-beside-$$half.log; \
+	    [ "$$(cat build/test-beside-$$half.status)" = 0 ] || status=1; \
+	done; \
+	exit $$status
+
+# The manual as a static site in build/site/ (mkdocs.yml; strict: a broken link or anchor
+# fails). A venv of its own with MkDocs alone, so a fresh clone builds it in seconds without
+# MindSpore; DOCS_PIN is pyproject's docs extra (tests/readme/test_site.py checks they agree)
+DOCS_VENV := .venv-docs
+DOCS_PIN := mkdocs==1.6.1
+DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
+
+$(DOCS_STAMP): Makefile
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet '$(DOCS_PIN)'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/mkdocs build --strict --clean --site-dir build/site
 
 # the randomised conformance test at length (make test draws 12 cases): 300 cases, ~6 min
 conformance: $(STAMP)
 	MSMON_CONFORMANCE_EXAMPLES=300 $(BIN)/python -m pytest -q tests/conformance/test_random.py
 
 bench: $(STAMP) sysdeps
-	$(BIN)/python bench/all.py; status=$$?; $(BIN)/python bench/all.py --update-readme; exit $$status
+	$(BIN)/python bench/all.py; status=$$?; $(BIN)/python bench/all.py --update-docs; exit $$status
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(DOCS_VENV)

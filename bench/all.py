@@ -1,17 +1,17 @@
 """Every bench, one command: ``make bench`` (full size) and CI's smoke run.
 
     python bench/all.py [--smoke] [--only NAME,...] [--jobs N] [--out bench/results.json]
-    python bench/all.py --update-readme      # README blocks from bench/results.json
+    python bench/all.py --update-docs        # the guide's blocks from bench/results.json
 
 Each bench runs as its own process (as a user runs it), at its full size or, with
 ``--smoke``, at a size that only proves it still runs (CI: every bench, about two minutes
 in all on two jobs). Its command, exit status, wall time and printed output go into one
-JSON results file. The README's benchmark blocks (``<!-- bench:NAME -->`` ... ``<!--
-/bench:NAME -->``) are that output, pasted by ``--update-readme``, which also pastes the
-detection tables quoted beside the rules (``<!-- detect:tables -->``, read by
-``tests/detection``);
-``tests/test_bench_results.py`` fails when a block and the results file disagree, when a
-bench is missing from either, or when the file holds smoke results.
+JSON results file. The user guide's benchmark blocks (``<!-- bench:NAME -->`` ... ``<!--
+/bench:NAME -->``, in ``docs/guide/benchmarks.md`` and beside the rules they measure in
+``docs/guide/alerts.md``) are that output, pasted by ``--update-docs``, which also pastes
+the detection tables quoted beside the rules (``<!-- detect:tables -->``, read by
+``tests/detection``); ``tests/test_bench_results.py`` fails when a block and the results
+file disagree, when a bench is missing from either, or when the file holds smoke results.
 
 A bench that exits non-zero (several do when they miss their target) is reported, kept
 in the results with its status, and makes this command exit 1.
@@ -33,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
-README = ROOT / "README.md"
+# the pages holding bench blocks: the benchmarks page, and the alerts page, which quotes the
+# detection tables and the benches of two rules beside those rules
+PAGES = (ROOT / "docs" / "guide" / "benchmarks.md", ROOT / "docs" / "guide" / "alerts.md")
 CACHE = ROOT / "bench" / ".cache"
 
 
@@ -102,28 +104,36 @@ def block(name: str) -> re.Pattern[str]:
     )
 
 
-def readme_block(record: dict) -> str:
-    """What the README shows of a bench: its command and its output, as printed."""
+def page_block(record: dict) -> str:
+    """What the guide shows of a bench: its command and its output, as printed."""
     return f"```text\n$ {record['command']}\n{record['output']}\n```\n"
 
 
-def update_readme(results: dict) -> list[str]:
-    """Replace every bench block of the README with the results; the names missing."""
-    text = README.read_text()
+def update_pages(results: dict) -> list[str]:
+    """Replace every bench block of the guide's pages with the results; the names missing."""
+    texts = {page: page.read_text() for page in PAGES}
     missing = []
     for name, record in results["benches"].items():
         pattern = block(name)
-        if not pattern.search(text):
+        found = [page for page, text in texts.items() if pattern.search(text)]
+        if not found:
             missing.append(name)
-            continue
-        text = pattern.sub(lambda m, r=record: m.group(1) + readme_block(r) + m.group(3), text)
+        for page in found:
+            texts[page] = pattern.sub(
+                lambda m, r=record: m.group(1) + page_block(r) + m.group(3), texts[page]
+            )
     if "detect" in results["benches"] and not results["smoke"]:
         # the detection tables quoted near the rules (tests/detection reads them): the
         # detect bench's output up to its legend
         tables = results["benches"]["detect"]["output"].split("\n\ncell:")[0].strip()
         pattern = re.compile(r"(<!-- detect:tables -->\n)(.*?)(<!-- /detect:tables -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + f"```text\n{tables}\n```\n" + m.group(3), text)
-    README.write_text(text)
+        for page, text in texts.items():
+            texts[page] = pattern.sub(
+                lambda m: m.group(1) + f"```text\n{tables}\n```\n" + m.group(3), text
+            )
+    for page, text in texts.items():
+        if text != page.read_text():
+            page.write_text(text)
     return missing
 
 
@@ -133,11 +143,14 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated bench names")
     parser.add_argument("--jobs", type=int, default=1, help="benches run side by side")
     parser.add_argument("--out", type=Path, default=None, help="results file")
-    parser.add_argument("--update-readme", action="store_true")
+    parser.add_argument(
+        "--update-docs", action="store_true", help="paste the results into the guide's blocks"
+    )
     args = parser.parse_args()
-    if args.update_readme:
-        missing = update_readme(json.loads(RESULTS.read_text()))
-        print(f"README updated from {RESULTS.name}; no block for: {missing or 'none'}")
+    if args.update_docs:
+        missing = update_pages(json.loads(RESULTS.read_text()))
+        pages = ", ".join(str(p.relative_to(ROOT)) for p in PAGES)
+        print(f"{pages} updated from {RESULTS.name}; no block for: {missing or 'none'}")
         return 1 if missing else 0
     only = {n for n in args.only.split(",") if n}
     unknown = only - {b.name for b in BENCHES}

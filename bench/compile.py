@@ -3,14 +3,17 @@
 A notebook compiles two ``mindspore.jit`` functions in an earlier cell: (a) one that holds
 no optimizer (``other``: a forward pass of the MLP) and (b) a train step (``value_and_grad``
 + ``nn.Momentum``), then runs a monitored cell that trains with (b) and calls (a) once,
-then goes on unmonitored. For each the bench times the first call before the watch (its
-compile), the first call under the watch and the first call after it, in two arms:
+then goes on unmonitored; and (c) a train cell (``nn.TrainOneStepCell``) driven by hand in
+GRAPH_MODE, monitored for a few steps in the same way. For each the bench times the first
+call before the watch (its compile), the first call under the watch and the first call
+after it, in two arms:
 
 * ``today``: what the watch did until this change -- MindSpore's whole jit compile cache
-  emptied when the taps went on (the first jit call) and again when they went off;
-  reproduced by emptying it at those two moments around today's watch;
+  emptied when the taps went on (the first jit call) and again when they went off, and
+  the train cell's own compiled graphs dropped when they went off; reproduced by
+  emptying them at those moments around today's watch;
 * ``now``: the watch as it is (``collect.recompile``): only a graph that holds a tapped
-  optimizer compiles again, once, under a compile key of its own.
+  optimizer compiles again, once, under a compile key of its own (the cell's too).
 
 Every repeat builds fresh functions (a fresh compile) and runs both arms, alternating
 which goes first; medians over repeats. ``ratio`` is now / today (below 1: faster).
@@ -69,6 +72,16 @@ def build(hidden: int):
     return other, train_step, batch
 
 
+def build_cell(hidden: int):
+    """A fresh GRAPH_MODE train cell of the same MLP (compiled on its first call)."""
+    net = nn.SequentialCell(
+        [nn.Dense(64, hidden), nn.ReLU(), nn.Dense(hidden, hidden), nn.ReLU(), nn.Dense(hidden, 10)]
+    )
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    return nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt)
+
+
 def timed(fn, *args) -> float:
     t0 = time.perf_counter()
     out = fn(*args)
@@ -92,6 +105,20 @@ def one_arm(arm: str, hidden: int, steps: int) -> dict[tuple[str, str], float]:
             compile_cache().clear()  # when they went off
     out["step", "after"] = timed(train_step, x, y)
     out["other", "after"] = timed(other, x)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        cell = build_cell(hidden)
+        out["cell", "before"] = timed(cell, x, y)
+        with tempfile.TemporaryDirectory() as tmp:
+            with Monitor(save_dir=tmp, log_interval=1) as mon, mon.watch():
+                out["cell", "under"] = timed(cell, x, y)
+                for _ in range(steps - 1):
+                    cell(x, y)
+            if arm == "today":
+                cell.compile_cache.clear()  # when they went off
+        out["cell", "after"] = timed(cell, x, y)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
     return out
 
 
@@ -111,8 +138,12 @@ def main() -> None:
         f"{args.repeats} repeats alternated, medians of the first call in ms"
     )
     print(f"{'function':22s} {'moment':7s} {'today':>9s} {'now':>9s} {'ratio':>7s}")
-    names = {"other": "(a) unrelated jit fn", "step": "(b) jit train step"}
-    for fn in ("other", "step"):
+    names = {
+        "other": "(a) unrelated jit fn",
+        "step": "(b) jit train step",
+        "cell": "(c) graph train cell",
+    }
+    for fn in names:
         for moment in MOMENTS:
             today, now = (
                 statistics.median(t[fn, moment] for t in timings[arm]) * 1e3

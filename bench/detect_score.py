@@ -1,6 +1,6 @@
 """The detection benchmark's scorer and its published baselines, shared by
 ``bench/detect.py`` and ``tests/bench/test_detect_frozen.py`` (one implementation, so a
-README figure and the test guarding it cannot disagree on how they count).
+guide's figure and the test guarding it cannot disagree on how they count).
 
 Detectors map a run ``(spec, curves)`` to ``[(step, kind), ...]``: every alert, in order.
 

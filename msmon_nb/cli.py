@@ -125,8 +125,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return clean_main(args)
 
 
-# ``msmon ctl``'s exit codes, as ``--help`` prints them; the README's table says the same
-# (tests/cli/test_ctl.py compares the two).
+# ``msmon ctl``'s exit codes, as ``--help`` prints them; the guide's table says the same
+# (docs/guide/viewer.md; tests/cli/test_ctl.py compares the two).
 CTL_EXIT_CODES = (
     ("0", "every live rank (the one monitor of a single-process run) acknowledged and did it"),
     ("1", "refused: an invalid command, no live monitor owns RUN_DIR, or a rank answered "

@@ -219,7 +219,7 @@ class Probe:
 # --- checks -----------------------------------------------------------------------------
 
 
-# The Pythons MindSpore 2.7-2.10 publish CPU wheels for, from 3.10 (README, "Python
+# The Pythons MindSpore 2.7-2.10 publish CPU wheels for, from 3.10 (docs/guide/setup.md, "Python
 # versions"); 3.11 is the one the test suite runs on
 SUPPORTED_PYTHONS = ((3, 10), (3, 11), (3, 12))
 

@@ -111,6 +111,10 @@ class Recompiler:
         # while installed
         self._phases: dict[str, Any] = {}
         self._cells: list[Any] = []  # graph-mode cells whose own graphs were dropped
+        # graph-mode cells compiling under a phase of their own, and the phases they got
+        self._keyed: list[Any] = []
+        self._keyed_phases: list[tuple[Any, str]] = []
+        self._cell_patches = Patches()
 
     @property
     def installed(self) -> bool:
@@ -140,17 +144,70 @@ class Recompiler:
         self._decided.clear()
         drop_compiled(self._cells)
         self._cells.clear()
+        self._cell_patches.restore()
+        for cell, phase in self._keyed_phases:  # not freed: see the module docstring
+            cache = getattr(cell, "compile_cache", None)
+            if isinstance(cache, set):
+                cache.discard(phase)
+        self._keyed.clear()
+        self._keyed_phases.clear()
 
     def prepare_cell(self, cell: Any) -> bool:
-        """A train cell run in GRAPH_MODE under the taps: its own compiled graphs are
-        dropped once, so that it compiles with them (and again when the taps go off).
-        True when dropped now."""
+        """A train cell run in GRAPH_MODE under the taps compiles with them once. Where
+        the cell executor can be keyed (``_key_cells``), under a phase of its own: the
+        graph it had before stays cached beside it, so after the watch its next call
+        compiles nothing (a hand-driven cell's first step after close was 0.7-1.0 s, a
+        whole compile). Otherwise its own compiled graphs are dropped, so that it
+        compiles with the taps, and again when they go off. True when prepared now."""
         cache = getattr(cell, "compile_cache", None)
-        if any(c is cell for c in self._cells) or not isinstance(cache, set):
+        if any(c is cell for c in (*self._cells, *self._keyed)) or not isinstance(cache, set):
             return False
+        if self._key_cells():
+            self._keyed.append(cell)
+            return True
         cache.clear()
         self._cells.append(cell)
         return True
+
+    def _key_cells(self) -> bool:
+        """Wrap ``_CellGraphExecutor``'s ``compile`` and ``run`` (once): for a prepared
+        cell both get the cell's phase + ``SUFFIX``, so MindSpore keys the graph compiled
+        with the taps apart from the one it had (``_real_phase`` builds the key from
+        that phase, in both). False where this MindSpore has no such pair."""
+        if self._cell_patches:
+            return True
+        executor = getattr(jit_api(), "_CellGraphExecutor", None)
+        found = vars(executor) if isinstance(executor, type) else {}
+        compile_, run = found.get("compile"), found.get("run")
+        if not callable(compile_) or not callable(run):
+            return False
+        keyed = self._keyed_cell
+
+        def compile(executor, obj, *args, phase="predict", **kwargs):
+            if not keyed(obj, phase):
+                return compile_(executor, obj, *args, phase=phase, **kwargs)
+            out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
+            full = out[0] if isinstance(out, tuple) and out else out
+            if isinstance(full, str):
+                self._keyed_phases.append((obj, full))
+            return out
+
+        def run_keyed(executor, obj, *args, phase="predict"):
+            if keyed(obj, phase):
+                phase = phase + SUFFIX
+            return run(executor, obj, *args, phase=phase)
+
+        self._cell_patches.put(executor, "compile", compile)
+        self._cell_patches.put(executor, "run", run_keyed)
+        return True
+
+    def _keyed_cell(self, obj: Any, phase: Any) -> bool:
+        return (
+            isinstance(phase, str)
+            and phase != "save"
+            and not phase.endswith(SUFFIX)
+            and any(c is obj for c in self._keyed)
+        )
 
     def holds(self, executor: Any) -> bool:
         """Whether the function ``executor`` compiles holds something the taps wrap, by

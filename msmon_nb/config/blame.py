@@ -4,7 +4,7 @@
 bad value raises ``ConfigError`` naming the key, the value and a valid example, as every
 other ``monitor_config`` field does, so a typo fails when the config is loaded.
 
-Keys (README, "Which layer started it"):
+Keys (docs/guide/alerts.md, "Which layer started it"):
 
 - ``enabled``: keep per-parameter gradient norms of the last collected steps and name,
   in gradient and loss alerts, the parameters whose norms rose first and most;

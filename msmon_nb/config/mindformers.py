@@ -277,7 +277,7 @@ def warn_ignored(keys: list[str], stacklevel: int = 3) -> None:
     listed = "; ".join(f"{key} ({what.get(key, 'not mapped')})" for key in keys)
     warnings.warn(
         f"msmon: MindFormers monitor_config keys not supported yet, ignored: {listed}. "
-        "The rest of the block is used (README, 'Coming from MindFormers').",
+        "The rest of the block is used (docs/guide/suites.md, 'Coming from MindFormers').",
         MonitorWarning,
         stacklevel=stacklevel,
     )
@@ -298,8 +298,8 @@ SECTIONS = frozenset(
 NO_BLOCK = (
     "msmon: this MindFormers config has no monitor_config: (graph mode) or monitor: "
     "(PyNative) block, so it asks msmon_nb for nothing: the defaults are used (every "
-    "step, {save_dir!r}). Add a monitor_config: block to set them (README, 'Coming from "
-    "MindFormers')."
+    "step, {save_dir!r}). Add a monitor_config: block to set them (docs/guide/suites.md, "
+    "'Coming from MindFormers')."
 )
 # MindFormers 2.1.0's PyNative ``monitor:`` section (pynative/config/config.py):
 # sub-section -> its keys

@@ -57,7 +57,7 @@ ALIASES = {
 
 @dataclass
 class MonitorConfig:
-    """How a ``Monitor`` collects and where it writes (see README, "monitor_config").
+    """How a ``Monitor`` collects and where it writes (docs/guide/configuration.md: every key).
 
     ``log_interval`` is the collection frequency: loss, grad_norm and lr are read from the
     device only every ``log_interval``-th step, so other steps cost nothing.
@@ -102,6 +102,11 @@ class MonitorConfig:
     optimizer_names: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # YAML 1.1 (PyYAML) reads the key ``on`` as the boolean true, so ``snapshot: {on:
+        # alert}``, as the guide and our own error messages spell it, arrives as {True: ...}
+        snap = self.snapshot
+        if isinstance(snap, Mapping) and any(k is True for k in snap) and "on" not in snap:
+            self.snapshot = {("on" if k is True else k): v for k, v in snap.items()}
         self.validate()
 
     # --- construction -----------------------------------------------------------------

@@ -357,7 +357,7 @@ def handled_overflow(values: Mapping[str, Any]) -> bool:
     """A step whose loss-scaled gradients overflowed and whose train step handled it:
     skipped the update (``train/overflow`` 1) at a loss scale it can still lower (> 1).
     Its NaN/Inf -- gradients, and a float16 forward's loss that the same check caught --
-    is what dynamic loss scaling is for, and no ``nonfinite`` alert: the README promises
+    is what dynamic loss scaling is for, and no ``nonfinite`` alert: the guide promises
     an overflow step none. The step neither starts nor ends an episode. At scale 1 the
     scale has nothing left to give: a NaN/Inf there is the model's own, and alerts."""
     if values.get(OVERFLOW_TAG) != 1.0:

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class Monitor(Steering):
-    """Monitor one training run (see the module docstring and README).
+    """Monitor one training run (see the module docstring and docs/guide/python-api.md).
 
     Args:
         config: a ``MonitorConfig``, a dict, a YAML path, or None for defaults.
@@ -244,7 +244,7 @@ class Monitor(Steering):
         return self._actions.snapshot(tensors, step=step, reason=reason)
 
     def callback(self):
-        """A ``mindspore.train.Callback`` that records ``Model.train`` (see README)."""
+        """A ``mindspore.train.Callback`` that records ``Model.train`` (see the guide)."""
         from msmon_nb.collect.callback import MonitorCallback
 
         callback = MonitorCallback(self)

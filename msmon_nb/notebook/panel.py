@@ -309,19 +309,12 @@ class Panel:
             # placeholder line waits for it
             gone = replaced_by_optimizers(series)
             tags += [t for t in self.monitor.expected_tags() if t not in series and t not in gone]
-        charts = [
-            {
-                "title": chart.title,
-                "keys": list(chart.tags),
-                "labels": list(chart.labels),
-                "note": chart.note,
-                "log": chart.log,
-            }
-            for chart in plan_charts(tags)
-        ]
+        # the shape /api/charts serves ({title, tags, labels, note, log, group}): one
+        # chart spec for both pages; here ``tags`` are series keys (tag@rank1...)
+        charts = [chart.as_json() for chart in plan_charts(tags)]
         if charts != self._charts:
             self._charts = charts
-            self._chart_keys = [k for c in charts for k in c["keys"]]
+            self._chart_keys = [k for c in charts for k in c["tags"]]
             self._charts_changed = True
 
     def send(self, reset: bool = False) -> None:

@@ -58,10 +58,12 @@ class ControlError(ValueError):
 class Argument:
     """What a command's argument is: a number of ``kind`` (``int`` or ``float``), at least
     ``minimum`` (above it when ``above``: a factor of 0 is no factor); ``name`` is how
-    usage lines and pages call it (``freq N``); ``example`` is shown in errors and is
-    where a page's field starts; ``prefixes`` may stand before the number and are
-    dropped (``lr x0.5``, ``lr X0.5`` and ``lr ×0.5`` read as 0.5); a float may be a
-    fraction (``lr x1/3``, the undo of ``lr x3``)."""
+    usage lines and pages call it (``freq N``); ``example`` is shown in errors;
+    ``start`` is where both pages' field starts (default: the example): for ``freq``
+    the product's default, 1, so a page never shows a value the run does not have;
+    ``prefixes`` may stand before the number and are dropped (``lr x0.5``, ``lr X0.5``
+    and ``lr ×0.5`` read as 0.5); a float may be a fraction (``lr x1/3``, the undo of
+    ``lr x3``)."""
 
     name: str
     kind: type
@@ -69,6 +71,7 @@ class Argument:
     example: float
     above: bool = False
     prefixes: str = ""
+    start: float | None = None
 
     def parse(self, command: str, value: Any) -> int | float:
         """``value`` (a number, or its text from a command line) as ``kind``, else a
@@ -105,6 +108,7 @@ class Argument:
             "min": self.minimum,
             "above": self.above,
             "example": self.example,
+            "start": self.example if self.start is None else self.start,
             "prefixes": self.prefixes,
         }
 
@@ -149,7 +153,9 @@ FREQ = CommandSpec(
     "freq",
     "collect every",
     "collect every N-th step from the next step on",
-    Argument("N", int, 1, 10),
+    # start: MonitorConfig.log_interval's default (rundir imports no config; a test
+    # holds the two together)
+    Argument("N", int, 1, 10, start=1),
 )
 SNAPSHOT = CommandSpec(
     "snapshot",

@@ -19,7 +19,8 @@
 const MSMON_CAP = 4000; // points a live series keeps before halving them (panel)
 const MSMON_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
   "#17becf", "#bcbd22", "#7f7f7f", "#d62728"];
-const MSMON_SEVERITY = { critical: "#b71c1c", warning: "#e65100", info: "#1565c0" };
+// the severities a rule raises (config/cards.py Card.severity); the pages know no other
+const MSMON_SEVERITY = { critical: "#b71c1c", warning: "#e65100" };
 const MSMON_BAND = "rgba(120,120,120,0.6)";
 const MSMON_INTERVENTION = "#6a1b9a"; // the marks of interventions (checkpoint, lr, pause...)
 

@@ -1,4 +1,4 @@
-"""The viewer's JSON API (the README's table under ``msmon view``), independent of HTTP plumbing.
+"""The viewer's JSON API (the table in docs/guide/viewer.md), independent of HTTP plumbing.
 
 JSON has no NaN or Infinity, and a training curve's NaN is the most important point on
 it, so non-finite numbers are encoded explicitly:
@@ -105,14 +105,17 @@ def _nullable(values: np.ndarray) -> list[float | None]:
 def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     """One series, min/max-downsampled to about ``max_points`` (see module docstring).
 
-    ``rank=K`` picks a rank of a distributed run (default: its lowest). ``rank=all``
+    ``rank=K`` picks a rank of a distributed run (default: its lowest; ``rank`` in the
+    answer is always the rank served, 0 for a single-process run). ``rank=all``
     merges the ranks: ``values`` is the mean across ranks per step (NaN if any rank's
     value is), ``band_min``/``band_max`` the lowest and highest finite value of any rank
     over the bucket each point stands for (at raw resolution: at that step), and
     ``rank_count`` the fewest ranks present in that bucket; ``min``/``max`` span the band.
     """
     run, tag = _one(query, "run"), _one(query, "tag")
-    max_points = _int(query, "max_points") or DEFAULT_MAX_POINTS
+    max_points = _int(query, "max_points")
+    if max_points is None:  # absent or empty: the default; 0 is a number, and refused
+        max_points = DEFAULT_MAX_POINTS
     if not 2 <= max_points <= MAX_MAX_POINTS:
         raise ApiError(400, f"max_points={max_points}: use 2..{MAX_MAX_POINTS}, e.g. 1000")
     start, end = _int(query, "start"), _int(query, "end")
@@ -123,7 +126,7 @@ def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
         if merged:
             series = store.merged(run, tag, exact=zoomed)
         else:
-            series = store.scalars(run, tag, rank=rank, exact=zoomed)
+            rank, series = store.scalars(run, tag, rank=rank, exact=zoomed)
     except UnknownRun:
         raise ApiError(404, f"no run {run!r} under {store.base}") from None
     except KeyError as exc:
@@ -132,7 +135,7 @@ def scalars(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     common = {
         "run": run,
         "tag": tag,
-        "rank": "all" if merged else rank,
+        "rank": "all" if merged else rank,  # the rank served, not the one asked
         "first_step": int(all_steps[0]) if len(all_steps) else None,
         "last_step": int(all_steps[-1]) if len(all_steps) else None,
     }

@@ -10,8 +10,8 @@ requests whose ``Host`` header is not a loopback name, so a web page the user vi
 cannot reach the viewer through DNS rebinding, unless the request shows the viewer's
 access token (``access.py``: the header jupyter-server-proxy adds, or the cookie that
 ``?msmon_token=`` sets behind code-server's ``/proxy/PORT/``; a rebinding page knows
-neither, and the browser keeps the cookie for the proxy's host name only); GET, plus one
-POST (``/api/control``: a command of
+neither, and the browser keeps the cookie for the proxy's host name only); GET (and
+HEAD: the same answer without its body), plus one POST (``/api/control``: a command of
 ``rundir.control.SPECS`` for a live run) that needs the
 server's token in an ``X-Msmon-Token`` header, which only this origin's page can read;
 static files come from a whitelist (``static.py``); run names are looked up among the
@@ -146,6 +146,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(self._get)
 
+    # HEAD is GET without the body (RFC 9110 9.3.2): link checkers and proxies probe with
+    # it, and the stdlib's answer to a method without a handler is a 501
+    do_HEAD = do_GET
+
     def _answer(self, handle: Callable[[], None]) -> None:
         """Run one request's handler: a client gone is not an error, anything else is a
         500 (logged) and the server keeps serving."""
@@ -162,7 +166,9 @@ class Handler(BaseHTTPRequestHandler):
                 pass
 
     def _refuse(self) -> None:
-        self._json(405, {"error": "only GET, and POST /api/control"}, allow="GET, POST")
+        self._json(
+            405, {"error": "only GET (or HEAD), and POST /api/control"}, allow="GET, HEAD, POST"
+        )
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
@@ -181,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
             self.headers.get("Cookie", ""),
             target.query,
         )
-        page = self.command == "GET" and target.path in ("/", "/index.html")
+        page = self.command in ("GET", "HEAD") and target.path in ("/", "/index.html")
         if not verdict.allowed:
             if page:
                 self._refused_page(verdict.error)  # a person opened the page: words
@@ -292,34 +298,62 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, "application/json", {"Cache-Control": "no-store", **headers})
 
     def _static(self, static: StaticFile) -> None:
+        """A whitelisted file, ``no-cache`` (``static.py`` says why) with its ETag: the
+        browser asks each time and an unchanged file is a bodiless 304."""
         gzip_ok = "gzip" in self.headers.get("Accept-Encoding", "")
         body, gzipped = static.body(gzip_ok)
         headers = {
-            "Cache-Control": f"max-age={static.cache_secs}" if static.cache_secs else "no-cache",
+            "Cache-Control": "no-cache",
+            "ETag": static.etag,
+            "Vary": "Accept-Encoding",
             "Content-Security-Policy": _CSP,
         }
+        asked = self.headers.get("If-None-Match", "")
+        if static.etag in (tag.strip() for tag in asked.split(",")) or asked.strip() == "*":
+            self._send(304, b"", static.content_type, headers, length=False)
+            return
         if gzipped:
             headers["Content-Encoding"] = "gzip"
         self._send(200, body, static.content_type, headers)
 
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, str],
+        length: bool = True,
+    ) -> None:
+        """One answer; a HEAD gets the headers a GET would (its Content-Length too) and
+        no body. ``length``: False for a 304, which has no body whatever its GET's is."""
         self.send_response(status)
         if self._cookie:
             self.send_header("Set-Cookie", self._cookie)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        if length:
+            self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Referrer-Policy", "no-referrer")
         for name, value in headers.items():
-            self.send_header(name.replace("_", "-").title(), value)
+            self.send_header("ETag" if name == "ETag" else name.replace("_", "-").title(), value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD" and status != 304:
+            self.wfile.write(body)
 
     def _stream(self) -> None:
-        """Server-sent events until the client leaves or the server stops."""
+        """Server-sent events until the client leaves or the server stops.
+
+        A reconnecting browser sends the id of the last event it saw (``Last-Event-ID``):
+        the stream goes on right after it when every later event is still held, and the
+        ``hello`` says so (``resumed: true``); otherwise it starts at the newest event and
+        ``resumed: false`` tells a page that was connected before to reload what it
+        shows. ``hello`` carries an id too, so a page that lost its first connection
+        before any event still resumes where that connection began."""
         self.close_connection = True
         events = self.server.events
-        cursor = events.seq
+        last_id = self.headers.get("Last-Event-ID")
+        resumed = events.resume(last_id) if last_id else None
+        cursor = events.seq if resumed is None else resumed
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         # no-transform: code-server's proxy gzips what it forwards (express `compression`)
@@ -331,18 +365,33 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
-        hello = json.dumps({"base": str(self.server.base), "seq": cursor})
-        self.wfile.write(f"retry: 1000\nevent: hello\ndata: {hello}\n\n".encode())
-        self.wfile.flush()
+        if self.command == "HEAD":
+            return
+        self._hello(cursor, resumed is not None, retry=True)
         while not self.server.closing.is_set():
             batch = events.wait(cursor, PING_SECS)
             if not batch:
                 self.wfile.write(b": ping\n\n")
+            elif batch[0][0] > cursor + 1:  # fell behind by more than the events held
+                cursor = events.seq
+                self._hello(cursor, False)
+                continue
             for seq, kind, data in batch:
                 payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
-                self.wfile.write(f"id: {seq}\nevent: {kind}\ndata: {payload}\n\n".encode())
+                line = f"id: {events.event_id(seq)}\nevent: {kind}\ndata: {payload}\n\n"
+                self.wfile.write(line.encode())
                 cursor = seq
             self.wfile.flush()
+
+    def _hello(self, cursor: int, resumed: bool, retry: bool = False) -> None:
+        """The stream's ``hello``: where it starts, and whether that is right after the
+        client's last event (when not, the page reloads what it shows)."""
+        events = self.server.events
+        hello = json.dumps({"base": str(self.server.base), "seq": cursor, "resumed": resumed})
+        head = "retry: 1000\n" if retry else ""
+        text = f"{head}id: {events.event_id(cursor)}\nevent: hello\ndata: {hello}\n\n"
+        self.wfile.write(text.encode())
+        self.wfile.flush()
 
 
 def make_server(

@@ -1,14 +1,20 @@
 """Fan-out of server-sent events: one watcher publishes, every ``/api/stream`` client reads.
 
 Events get increasing sequence numbers and the last ``keep`` are held, so a client that
-was busy writing catches up with what it missed instead of blocking the publisher; a
-client that falls further behind than ``keep`` simply skips ahead (the page refetches on
-any event anyway).
+was busy writing catches up with what it missed instead of blocking the publisher.
+
+An event's id is ``EPOCH-SEQ``: the epoch is new at each server start, so a browser that
+reconnects (its ``EventSource`` sends the last id it saw as ``Last-Event-ID``) resumes
+exactly after that event when this server still holds everything since, and is told it
+cannot (``resume`` gives None) when the id is another server's or events it missed were
+dropped: that page then reloads what it shows instead of trusting a gap. Sequence
+numbers alone would resume a restarted server's client at the wrong place.
 """
 
 from __future__ import annotations
 
 import collections
+import secrets
 import threading
 from typing import Any
 
@@ -19,7 +25,9 @@ class Broadcaster:
     def __init__(self, keep: int = 1000) -> None:
         self._events: collections.deque[tuple[int, str, Any]] = collections.deque(maxlen=keep)
         self._seq = 0
+        self._dropped = 0  # the newest sequence number no longer held
         self._cond = threading.Condition()
+        self.epoch = secrets.token_hex(4)
         self.closed = False
 
     @property
@@ -28,9 +36,28 @@ class Broadcaster:
         with self._cond:
             return self._seq
 
+    def event_id(self, seq: int) -> str:
+        """The ``id:`` of event ``seq`` on the stream."""
+        return f"{self.epoch}-{seq}"
+
+    def resume(self, last_id: str) -> int | None:
+        """The sequence number to go on after, for a client whose last event was
+        ``last_id``; None when that is not exact: the id is not this server's (another
+        start, or garbage), or some event after it is no longer held."""
+        epoch, _, seq = last_id.strip().partition("-")
+        if epoch != self.epoch or not seq.isdigit():
+            return None
+        after = int(seq)
+        with self._cond:
+            if after > self._seq or after < self._dropped:
+                return None
+            return after
+
     def publish(self, kind: str, data: Any) -> int:
         """Add one event and wake every waiting client; returns its sequence number."""
         with self._cond:
+            if len(self._events) == self._events.maxlen:
+                self._dropped = self._events[0][0]
             self._seq += 1
             self._events.append((self._seq, kind, data))
             self._cond.notify_all()

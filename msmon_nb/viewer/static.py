@@ -7,11 +7,18 @@ double encoding or backslashes can never reach another file: they are simply not
 The page's own files are ``static/``; the chart component it shares with the notebook
 panel (``chart.js``, ``chart.css``) and uPlot come from ``msmon_nb/static/`` (package
 data, the same files the panel's widget joins), so the page works offline.
+
+None of them is cached without asking: every file is served ``no-cache`` with an ETag
+(a hash of its bytes), so the browser revalidates each load and an unchanged file costs
+a bodiless 304. The URLs carry no version (``index.html`` names ``vendor/chart.js``), so
+a ``max-age`` would keep an upgraded package's page running the old chart code beside
+the new ``app.js``.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +31,7 @@ _TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
-# the chart component's files, served under /vendor/ (cached: they change with the wheel)
+# the chart component's files, served under /vendor/ (no-cache, like the page's own)
 SHARED = ("uPlot.iife.min.js", "uPlot.min.css", "chart.js", "chart.css")
 
 
@@ -38,9 +45,9 @@ class StaticFile:
 
     path: Path
     content_type: str
-    cache_secs: int
     _data: bytes | None = field(default=None, repr=False)
     _gzipped: bytes | None = field(default=None, repr=False)
+    _etag: str | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def body(self, gzip_ok: bool) -> tuple[bytes, bool]:
@@ -54,6 +61,15 @@ class StaticFile:
                 self._gzipped = gzip.compress(self._data, compresslevel=6)
             return self._gzipped, True
 
+    @property
+    def etag(self) -> str:
+        """A weak validator of the file's bytes: weak, because its gzip form (another
+        byte sequence, the same file) carries it too."""
+        if self._etag is None:
+            data, _ = self.body(False)
+            self._etag = 'W/"' + hashlib.sha256(data).hexdigest()[:20] + '"'
+        return self._etag
+
 
 def static_files(static_dir: Path = STATIC_DIR) -> dict[str, StaticFile]:
     """URL path -> file: the page's own files, and the shared chart component's."""
@@ -61,7 +77,7 @@ def static_files(static_dir: Path = STATIC_DIR) -> dict[str, StaticFile]:
     for path in sorted(static_dir.iterdir()):
         kind = _TYPES.get(path.suffix)
         if kind and path.is_file():
-            files[f"/{path.name}"] = StaticFile(path, kind, cache_secs=0)
+            files[f"/{path.name}"] = StaticFile(path, kind)
     if "/index.html" in files:
         files["/"] = files["/index.html"]
     for name in SHARED:
@@ -71,5 +87,5 @@ def static_files(static_dir: Path = STATIC_DIR) -> dict[str, StaticFile]:
                 f"{path} is missing: the installed msmon_nb is incomplete; reinstall it "
                 "(pip install --force-reinstall msmon_nb)"
             )
-        files[f"/vendor/{name}"] = StaticFile(path, _TYPES[path.suffix], cache_secs=0)
+        files[f"/vendor/{name}"] = StaticFile(path, _TYPES[path.suffix])
     return files

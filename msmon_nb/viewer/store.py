@@ -211,14 +211,19 @@ class RunStore:
         if len(entry.run.ranks) > 1:
             self.cross_rank.submit(name, entry.version, RankView(entry.run))
 
-    def scalars(self, name: str, tag: str, rank: int | None = None, exact: bool = False) -> Any:
-        """The series of ``tag`` (``.steps``, ``.values``; KeyError naming the known tags);
-        ``exact``: never from an overview (a zoom asks for raw points)."""
+    def scalars(
+        self, name: str, tag: str, rank: int | None = None, exact: bool = False
+    ) -> tuple[int, Any]:
+        """The rank served and its series of ``tag`` (``.steps``, ``.values``; KeyError
+        naming the known tags); ``rank=None`` serves the lowest rank, and says which
+        (under the run's lock: the ranks may grow between two calls); ``exact``: never
+        from an overview (a zoom asks for raw points)."""
         entry = self.run(name)
         with entry.lock:
+            served = min(entry.run.ranks) if rank is None else rank
             if isinstance(entry.run, RankedRun):
-                return entry.run.scalars(tag, rank=rank, exact=exact)
-            return entry.run.scalars(tag, rank=rank)
+                return served, entry.run.scalars(tag, rank=rank, exact=exact)
+            return served, entry.run.scalars(tag, rank=rank)
 
     def merged(self, name: str, tag: str, exact: bool = False) -> Merged:
         """``tag`` merged across the run's ranks (computed once per run version);

@@ -1,4 +1,4 @@
-"""``msmon ctl``'s exit codes: one table, the same in the README and in ``--help``, and the
+"""``msmon ctl``'s exit codes: one table, the same in the guide and in ``--help``, and the
 codes it names are the ones the command returns (the acknowledgement cases run with real
 monitors in ``tests/monitor/test_ctl.py`` and ``tests/distributed/test_rank_dirs.py``)."""
 
@@ -18,19 +18,19 @@ def msmon_ctl(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def readme_table() -> list[tuple[str, str]]:
-    """The rows of the exit-code table under the README's ``msmon ctl`` heading."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### `msmon ctl`") :]
-    section = section[: section.index("\n### ")]
+def guide_table() -> list[tuple[str, str]]:
+    """The rows of the exit-code table under the viewer page's ``msmon ctl`` heading."""
+    text = (ROOT / "docs" / "guide" / "viewer.md").read_text()
+    section = text[text.index("## `msmon ctl`") :]
+    section = section[: section.index("\n## ")]
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     assert rows[0] == "| exit | when |", rows
     return [tuple(cell.strip() for cell in row.strip("|").split("|")) for row in rows[1:]]
 
 
-def test_readme_and_help_say_the_same_exit_codes():
+def test_guide_and_help_say_the_same_exit_codes():
     assert [code for code, _ in CTL_EXIT_CODES] == ["0", "1", "2"]
-    assert readme_table() == list(CTL_EXIT_CODES)
+    assert guide_table() == list(CTL_EXIT_CODES)
     shown = msmon_ctl("--help")
     assert shown.returncode == 0
     epilog = shown.stdout[shown.stdout.index("exit codes:") :]

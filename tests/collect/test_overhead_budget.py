@@ -87,7 +87,7 @@ def test_expensive_collection_widens_once_reported(tmp_path):
 
 def test_cheap_collection_never_widens(tmp_path):
     """The same kind of model (~3 M parameters), recording its loss and lr: measured
-    0.01-0.6 % of the step, never widened by the 2 % budget the README suggests."""
+    0.01-0.6 % of the step, never widened by the 2 % budget the guide suggests."""
     _net, opt, grad_fn, a, b = big_loop()
     with warnings.catch_warnings():
         warnings.simplefilter("error", MonitorWarning)  # no notice either

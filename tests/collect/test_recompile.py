@@ -176,17 +176,33 @@ def test_a_step_first_compiled_under_the_watch_keeps_nothing_of_ours(tmp_path):
     assert load_run(mon.run_dir).scalars("train/grad_norm").steps.tolist() == [0, 1, 2, 3]
 
 
-def train_cell(seed=3):
+def train_cell(seed=3, probe=None):
     net = tiny.mlp(seed=seed)
     opt = nn.Momentum(net.trainable_params(), learning_rate=LR, momentum=0.9)
-    return net, opt, nn.TrainOneStepCell(nn.WithLossCell(net, tiny.loss_fn()), opt)
+    loss = nn.WithLossCell(net, tiny.loss_fn())
+    if probe is not None:
+        loss = ProbedLoss(loss, probe)
+    return net, opt, nn.TrainOneStepCell(loss, opt)
+
+
+class ProbedLoss(nn.Cell):
+    """The loss times ``probe.one`` (1.0): MindSpore reads it when it compiles the train
+    cell's graph, so ``probe.reads`` counts that cell's compiles."""
+
+    def __init__(self, loss: nn.Cell, probe: Probe) -> None:
+        super().__init__()
+        self.loss = loss
+        self.probe = probe
+
+    def construct(self, x, y):
+        return self.loss(x, y) * self.probe.one
 
 
 def test_graph_mode_train_cell_by_hand(tmp_path):
     """A train cell driven by hand in GRAPH_MODE compiles with the taps under the watch
-    (its own graphs, not MindSpore's jit cache, are dropped for that), records exact
-    grad_norm, and trains after the watch bit-identically to its twin with no tap of
-    ours in its graph; a jit function compiled before is not recompiled."""
+    (under a phase of its own: the graph it had stays cached), records exact grad_norm,
+    and after the watch runs that graph again, compiling nothing, bit-identically to its
+    twin with no tap of ours in it; a jit function compiled before is not recompiled."""
     x, y = tiny.data()
     batches = list(tiny.batches(x, y, steps=9))
     norms = reference_norms(batches[1:6], batches[0])
@@ -196,19 +212,24 @@ def test_graph_mode_train_cell_by_hand(tmp_path):
         a = batches[0][0]
         other(a)
         per_other = other_probe.reads
-        net, opt, step = train_cell()
-        twin_net, twin_opt, twin = train_cell()
+        probe = Probe()
+        net, opt, step = train_cell(probe=probe)
+        twin_net, twin_opt, twin = train_cell(probe=Probe())
         twin_losses = [float(twin(*b).asnumpy()) for b in batches]
         losses = [float(step(*batches[0]).asnumpy())]
+        per_cell = probe.reads
         with Monitor(save_dir=str(tmp_path)) as mon, mon.watch() as watch:
             losses += [float(step(*b).asnumpy()) for b in batches[1:6]]
             tap = watch.tap
             assert tap.counts().optimizer == 5  # the cell's graph holds the tap
+        assert compiles(probe, per_cell) == 2  # before the watch, and once under it
         counts = tap.counts()
         losses += [float(step(*b).asnumpy()) for b in batches[6:]]
         other(a)
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert compiles(probe, per_cell) == 2  # after it: the graph from before, cached
+    assert not [p for p in step.compile_cache if SUFFIX in p]
     assert compiles(other_probe, per_other) == 1
     assert tap.counts() == counts
     assert losses == twin_losses

@@ -132,6 +132,16 @@ def test_yaml_top_level_and_nested(tmp_path):
     assert b.run_name == "run_20240816_1430" and b.verbose is True
 
 
+def test_yaml_snapshot_on_key_is_not_a_boolean(tmp_path):
+    # YAML 1.1 reads `on` as true: the guide's `snapshot: {on: alert, keep: 20}` (and our
+    # error messages' example) failed to load as "snapshot.True: unknown key"
+    path = tmp_path / "monitor.yaml"
+    path.write_text("monitor_config:\n  snapshot: {on: alert, keep: 20}\n")
+    assert MonitorConfig.from_yaml(path).snapshot == {"on": "alert", "keep": 20}
+    with pytest.raises(ConfigError, match=r"snapshot\.on"):
+        MonitorConfig.from_dict({"snapshot": {True: "sometimes"}})
+
+
 def test_mindformers_aliases():
     cfg = MonitorConfig.from_dict(
         {"monitor_on": True, "dump_path": "./dump", "step_interval": 5, "target": ["fc.*"]}

@@ -1,6 +1,7 @@
 """The detection benchmark replayed from its frozen curves (real MindSpore runs recorded
-by ``bench/detect.py --regen``): the README's tables are what the bench prints, and the
-held-out test set keeps at least the recall and at most the false alarms stated there."""
+by ``bench/detect.py --regen``): the guide's tables (``docs/guide/alerts.md``) are what the
+bench prints, and the held-out test set keeps at least the recall and at most the false
+alarms stated there."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from bench.detect_data import SETS, thaw
 from bench.detect_runs import is_converged
 from bench.detect_score import detectors, evaluate, summary, table
-from tests.detection.readme import readme_block, stated
+from tests.detection.stated import page_block, stated
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_converged_runs_did_converge(results):
             assert end < start * 1e-12, spec.name
 
 
-def test_readme_tables_are_the_bench_output(results):
+def test_guide_tables_are_the_bench_output(results):
     frozen, res = results
     printed = []
     for which in SETS:
@@ -69,32 +70,32 @@ def test_readme_tables_are_the_bench_output(results):
             f"failure), {steps} steps, {healthy} of them healthy"
         )
         printed.append(table(res[which], title))
-    assert readme_block() == "\n\n".join(printed), (
-        "regenerate the README block from bench/detect.py"
+    assert page_block() == "\n\n".join(printed), (
+        "regenerate the alerts page's block: bench/detect.py, then bench/all.py --update-docs"
     )
 
 
-def test_test_set_recall_and_false_alarms_hold_the_readme_figures(results):
+def test_test_set_recall_and_false_alarms_hold_the_guide_figures(results):
     _, res = results
     ours = res["test"]["msmon_nb"]
     rows = stated("test")
     got = summary(ours)
     for kind, k in got.items():
         hits_stated = int(rows[kind]["msmon_nb"].split("/")[0])
-        assert k["hits"] >= hits_stated, f"{kind}: {k['hits']} detected, README says {hits_stated}"
+        assert k["hits"] >= hits_stated, f"{kind}: {k['hits']} detected, guide: {hits_stated}"
     fa_stated = float(rows["false alarms/10k"]["msmon_nb"].split()[0])
     assert round(ours["fa_per_10k"], 1) <= fa_stated
 
 
-def test_converged_set_false_alarms_hold_the_readme_figure(results):
+def test_converged_set_false_alarms_hold_the_guide_figure(results):
     _, res = results
     ours = res["converged"]["msmon_nb"]
     stated_fa = float(stated("converged")["false alarms/10k"]["msmon_nb"].split()[0])
     assert round(ours["fa_per_10k"], 1) <= stated_fa
 
 
-def test_ours_against_the_baselines_as_the_readme_says(results):
-    """The README's comparison on the test set: more recall than every baseline; fewer
+def test_ours_against_the_baselines_as_the_guide_says(results):
+    """The guide's comparison on the test set: more recall than every baseline; fewer
     false alarms than the global-norm threshold and the published ZClip and Turbulence;
     a longer median lead on every slow failure kind than the global-norm threshold and
     the baselines calibrated to our tuning-set false-alarm rate (``@FA``)."""

@@ -3,7 +3,7 @@
 ``make test`` skips these (``MSMON_WHEEL_JOB`` unset): they build the wheel, install it with
 its dependencies (MindSpore's 800 MB wheel comes from pip's cache after the first run) and
 use it for a minute or two. ``MSMON_WHEEL_PYTHON=/path/to/python3.X`` builds the venv on
-another interpreter (how the Python range in the README was checked).
+another interpreter (how the Python range in docs/guide/setup.md was checked).
 """
 
 from __future__ import annotations

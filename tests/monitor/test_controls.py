@@ -30,6 +30,21 @@ def test_every_command_of_the_table_has_one_handler_and_travels_as_json():
     assert usage() == "pause|resume|stop|freq N|snapshot|checkpoint|lr xF"
 
 
+def test_both_pages_fields_start_at_the_tables_start_freq_at_the_products_default():
+    """One "collect every" default for panel and viewer: the table's ``start``, which for
+    freq is ``MonitorConfig.log_interval``'s default (the viewer's field began at 10, the
+    panel's at 1); lr's field starts at its example."""
+    from msmon_nb.config import MonitorConfig
+
+    args = {spec["name"]: spec["arg"] for spec in command_list() if spec["arg"]}
+    assert args["freq"]["start"] == MonitorConfig().log_interval == 1
+    assert args["lr"]["start"] == args["lr"]["example"] == 0.5
+    for script in ("notebook/static/panel.js", "viewer/static/app.js"):
+        text = (PACKAGE / script).read_text()
+        assert "value: String(spec.arg.start)" in text, script
+        assert "arg.example)" not in text and "arg.min :" not in text, script
+
+
 def test_each_command_acts_answers_and_is_refused_once_stopping(tmp_path):
     with Monitor(save_dir=str(tmp_path), run_name="cmds") as mon:
         for step in range(100):

@@ -124,6 +124,18 @@ def test_panel_is_live_in_the_browser_while_the_cell_runs(tmp_path, app):
             timeout=10_000,
         )
         changed_at = sample(page)["step"]
+        # a refused value (0) is said to be refused, and its field goes back to the value
+        # in force, though the cursor is still in it (it kept saying 0 beside "every 5")
+        page.fill(".msmon-freq", "0")
+        page.dispatch_event(".msmon-freq", "change")
+        page.wait_for_function(
+            "document.querySelector('.msmon-result').textContent.includes('got 0')",
+            timeout=10_000,
+        )
+        assert page.evaluate("document.activeElement.classList.contains('msmon-freq')")
+        assert page.input_value(".msmon-freq") == "5"
+        assert "msmon-refused" in page.get_attribute(".msmon-result", "class")
+        assert "every 5 steps" in page.text_content(".msmon-status")
         time.sleep(1.5)
         # Stop ends the cell within 2 s
         click(page, "Stop")

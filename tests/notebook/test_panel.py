@@ -107,7 +107,7 @@ def test_page_messages_drive_the_monitor(tmp_path):
         assert mon.boundary(raise_stop=False)  # the stop takes effect; none is pending
         panel._on_page({"type": "hello"})
         assert panel.acked and rec.messages[-1][0]["type"] == "reset"
-        assert rec.messages[-1][0]["charts"][0]["keys"] == ["train/loss"]
+        assert rec.messages[-1][0]["charts"][0]["tags"] == ["train/loss"]
 
 
 def test_no_hello_within_the_timeout_falls_back_to_pngs(tmp_path, capsys):
@@ -453,10 +453,10 @@ def test_two_optimizers_reach_the_page_as_one_line_each_and_ds_alert_on_its_char
         panel._on_page({"type": "hello"})
         msg = rec.messages[-1][0]
     charts = {c["title"].split(" · ")[0]: c for c in msg["charts"]}
-    keys = {k for c in msg["charts"] for k in c["keys"]}
+    keys = {k for c in msg["charts"] for k in c["tags"]}
     assert not keys & {"train/loss", "train/grad_norm", "train/learning_rate"}
     grad = charts["grad_norm"]
-    assert grad["keys"] == ["opt/netd/grad_norm", "opt/netg/grad_norm"]
+    assert grad["tags"] == ["opt/netd/grad_norm", "opt/netg/grad_norm"]
     assert grad["labels"] == ["netd", "netg"] and grad["log"]
     assert grad["title"] == "grad_norm · 2 optimizers: one line each"
     assert "a whole-step train/grad_norm would mix their networks" in grad["note"]

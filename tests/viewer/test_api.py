@@ -189,7 +189,7 @@ def test_foreign_host_header_and_methods_refused(big):
     status, _, _ = client.request("/api/runs", headers={"Host": "localhost:1234"})
     assert status == 200
     status, headers, _ = client.request("/api/runs", method="POST")
-    assert status == 405 and headers["Allow"] == "GET, POST"  # POST: /api/control only
+    assert status == 405 and headers["Allow"] == "GET, HEAD, POST"  # POST: /api/control only
 
 
 def test_default_bind_is_loopback(tmp_path):

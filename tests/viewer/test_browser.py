@@ -6,7 +6,7 @@ element carries ``data-msmon-tag`` / ``data-last-step`` like the panel's, and
 ``element.msmonChart.drawn()`` says what it draws.
 
 Debian's ``chromium`` driven by Playwright (``executable_path``; ``playwright install``
-cannot download browsers here). Screenshots go to ``docs/`` and the README shows one.
+cannot download browsers here). Screenshots go to ``docs/`` and the README and the guide show them.
 """
 
 import json
@@ -23,8 +23,8 @@ from msmon_nb.rundir import ALERTS, SNAPSHOTS
 from tests.conftest import ROOT
 from tests.support.livewriter import WRITER
 
-# screenshots for the README: written to docs/ only when asked (MSMON_UPDATE_DOCS=1), so a
-# test run leaves the work tree clean
+# screenshots for the README and the guide: written to docs/ only when asked
+# (MSMON_UPDATE_DOCS=1), so a test run leaves the work tree clean
 DOCS = ROOT / "docs" if os.environ.get("MSMON_UPDATE_DOCS") == "1" else None
 CHROMIUM_ARGS = [
     "--no-sandbox",

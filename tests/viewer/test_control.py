@@ -126,6 +126,9 @@ def test_the_viewer_stop_button_ends_a_script_run(browser, serve, tmp_path):  # 
             page.click(f"{row} input[type=checkbox]")
         controls = f'.control-row[data-run="{run_dir.name}"]'
         page.wait_for_selector(controls, timeout=10_000)
+        # "collect every" starts where the panel's does, at the product's default (the
+        # run's own, here): it started at 10, a value the run did not have
+        assert page.input_value(f"{controls} input.control-freq") == "1"
         page.click(f'{controls} button[data-cmd="stop"]')
         wait_for(
             page,

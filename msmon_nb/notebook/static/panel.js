@@ -18,7 +18,7 @@
 // Page -> kernel: {type: "hello"} on render (asks for a reset; it is also the
 //   acknowledgement that our code loaded), and a control: {type: NAME, id} or, for a
 //   command with an argument, {type: NAME, value, id}. The controls are built from the
-//   synced trait `commands` ([{name, label, help, arg: {name, kind, min, example} | null,
+//   synced trait `commands` ([{name, label, help, arg: {name, kind, min, example, start} | null,
 //   when, button}]: a `button` command's field is sent by its "apply" button),
 //   the kernel's command table): this file knows no command by name. The kernel answers
 //   each control with {type: "ack", id, ok, message, status} at its next step boundary
@@ -58,17 +58,18 @@ function fmtSecs(s) {
 
 function baseTag(key) { return key.split("@")[0]; }
 
-// The series of one planned chart ({title, keys, labels, note, log}) from the panel's
-// points: a distributed run's @min/@max keys are the band's edges; a line is named by the
-// plan's label (an optimizer's series by the optimizer: `netd`, `netg`).
+// The series of one planned chart ({title, tags, labels, note, log, group}, the shape of
+// msmon view's api/charts; here `tags` are series keys) from the panel's points: a
+// distributed run's @min/@max keys are the band's edges; a line is named by the plan's
+// label (an optimizer's series by the optimizer: `netd`, `netg`).
 function seriesOf(panel, spec) {
   const out = [];
-  spec.keys.forEach((key, i) => {
+  spec.tags.forEach((key, i) => {
     const d = panel.data.get(key);
     if (!d) return;
     const band = key.endsWith("@min") ? "lo" : key.endsWith("@max") ? "hi" : null;
-    const label = (spec.labels || spec.keys)[i];
-    out.push({ label: spec.keys.length > 1 ? label : baseTag(label), tag: baseTag(key),
+    const label = (spec.labels || spec.tags)[i];
+    out.push({ label: spec.tags.length > 1 ? label : baseTag(label), tag: baseTag(key),
       color: band ? null : MSMON_COLORS[i % MSMON_COLORS.length], xs: d.xs, ys: d.ys, band,
       nonfinite: panel.nonfinite.get(key) || [] });
   });
@@ -152,9 +153,9 @@ class Panel {
     this.chartSpecs = specs;
     for (const c of this.charts) c.destroy();
     this.grid.replaceChildren();
-    this.charts = specs.map((s) => new MsmonChart({ title: s.title, tags: s.keys.map(baseTag),
+    this.charts = specs.map((s) => new MsmonChart({ title: s.title, tags: s.tags.map(baseTag),
       log: s.log, note: s.note }));
-    this.charts.forEach((c, i) => { c.keys = specs[i].keys; c.labels = specs[i].labels; });
+    this.charts.forEach((c, i) => { c.keys = specs[i].tags; c.labels = specs[i].labels; });
     for (const c of this.charts) this.grid.append(c.el);
   }
 
@@ -164,14 +165,14 @@ class Panel {
   controlFor(spec) {
     if (spec.arg) {
       // a `button` command acts anew at each send (lr ×F): its field waits for the click
-      const start = spec.button ? spec.arg.example : spec.arg.min;
+      // where the field starts: the table's start, as in msmon view (then the status's value)
       const input = h("input", { type: "number", min: String(spec.arg.min),
-        step: spec.arg.kind === "int" ? "1" : "any", value: String(start),
+        step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.start),
         class: `msmon-${spec.name}`, "data-cmd": spec.name, title: spec.help });
       const value = () => (input.value === "" ? null : Number(input.value));
       this.inputs.push({ spec, el: input });
       if (!spec.button) {
-        input.addEventListener("change", () => this.control(spec, value()));
+        input.addEventListener("change", () => this.control(spec, value(), null, input));
         return h("label", {}, `${spec.label} `, input);
       }
       const send = h("button", { class: `msmon-btn msmon-${spec.name}-send`, type: "button",
@@ -196,11 +197,11 @@ class Panel {
 
   // A control: sent as a comm message. The kernel answers when the step in progress ends;
   // unanswered well past that (overdue), the panel says how to do the same elsewhere.
-  control(spec, value, button = null) {
+  control(spec, value, button = null, input = null) {
     const id = this.nextId++;
     this.model.send(spec.arg ? { type: spec.name, value, id } : { type: spec.name, id });
     const words = spec.arg ? `${spec.name} ${value}` : spec.name;
-    this.pending.set(id, { at: performance.now(), words, button, late: false });
+    this.pending.set(id, { at: performance.now(), words, button, input, spec, late: false });
     if (this.pendingTimer === null) {
       this.pendingTimer = setInterval(() => this.checkPending(), 250);
     }
@@ -235,6 +236,20 @@ class Panel {
       clearInterval(this.pendingTimer);
       this.pendingTimer = null;
     }
+    return pending;
+  }
+
+  // A refused value must not stay in its field as if it were in force (freq 0 beside the
+  // status line's "every 1 steps"): the field goes back to the value the kernel has, even
+  // while the user's cursor is still in it, and is marked refused until the next answer.
+  settleField(pending, msg) {
+    const { input, spec } = pending || {};
+    if (!input) return;
+    const refused = msg.ok === false;
+    input.classList.toggle("msmon-refused", refused);
+    if (!refused) return;
+    const held = msg.status && msg.status[spec.name];
+    input.value = String(held != null ? held : spec.arg.start);
   }
 
   // The monitor's state, as the kernel sent it, on the controls: which of a pair shows,
@@ -273,7 +288,7 @@ class Panel {
   onMessage(msg, buffers) {
     this.lastMsgAt = performance.now();
     if (msg.type === "ack") {
-      this.answered(msg.id);
+      this.settleField(this.answered(msg.id), msg);
       if (msg.message != null) {
         this.resultEl.textContent = msg.message;
         this.resultEl.classList.toggle("msmon-refused", msg.ok === false);
@@ -407,7 +422,7 @@ class Panel {
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
       severity: a.severity, tag: alertTag(a) }));
     const marks = this.interventions.map(interventionMark).filter(Boolean);
-    chart.set(seriesOf(this, { keys: chart.keys, labels: chart.labels }),
+    chart.set(seriesOf(this, { tags: chart.keys, labels: chart.labels }),
       { smooth: this.smooth, scale: this.scale, alerts, marks, width });
   }
 

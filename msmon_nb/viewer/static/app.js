@@ -194,9 +194,10 @@ function controlRow(name) {
       parts.push(button(spec.label));
       continue;
     }
-    // a command with an argument: its field (starting at the table's example) and Set
+    // a command with an argument: its field (starting at the table's start, as on the
+    // panel) and Set
     const input = el("input", { type: "number", min: String(spec.arg.min),
-      step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.example),
+      step: spec.arg.kind === "int" ? "1" : "any", value: String(spec.arg.start),
       class: `control-${spec.name}`, "aria-label": spec.help });
     parts.push(el("label", {}, `${spec.label} `, input), button("Set", () => Number(input.value)));
   }
@@ -602,19 +603,38 @@ function scheduleRunsReload() {
   runsTimer = setTimeout(async () => {
     runsTimer = null;
     const before = new Set(state.charts.keys());
-    await loadRuns();
+    try {
+      await loadRuns();
+    } catch (err) {  // the network went: the stream's reconnect brings what was missed
+      console.warn(`msmon: listing runs: ${err.message}`);
+      return;
+    }
     const added = [...state.charts.keys()].filter((id) => !before.has(id));
     await Promise.all(added.map((id) => fetchChart(id)));
   }, 300);
 }
 
+// The stream only says what changed (the points come from api/scalars, whole series, so
+// a refetch never doubles a point). A lost connection is retried by the browser, which
+// sends the id of the last event it saw: the server replays what happened meanwhile
+// (hello.resumed), or, when it cannot (restarted, or too much happened), says so and the
+// page reloads what it shows rather than keep a gap.
+let streamHellos = 0;
 function connect() {
   const live = document.getElementById("live");
   const source = new EventSource("api/stream");
   source.addEventListener("open", () => { live.textContent = "live"; live.className = "live on"; });
   source.addEventListener("error", () => { live.textContent = "offline"; live.className = "live off"; });
   source.addEventListener("hello", (ev) => {
-    document.getElementById("base").textContent = JSON.parse(ev.data).base;
+    const hello = JSON.parse(ev.data);
+    document.getElementById("base").textContent = hello.base;
+    streamHellos += 1;
+    live.dataset.hellos = String(streamHellos);
+    live.dataset.resumed = String(hello.resumed);
+    if (streamHellos > 1 && !hello.resumed) {
+      loadRuns().then(() => refreshAll())
+        .catch((err) => console.warn(`msmon: reloading after a gap: ${err.message}`));
+    }
   });
   source.addEventListener("runs", scheduleRunsReload);
   source.addEventListener("data", (ev) => {

@@ -1,25 +1,26 @@
-"""The detection tables as the README states them (the block bench/detect.py printed)."""
+"""The detection tables as the guide states them beside the rules (``docs/guide/alerts.md``:
+the block bench/detect.py printed, pasted by ``bench/all.py --update-docs``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "alerts.md"
 START = "<!-- detect:tables -->"
 END = "<!-- /detect:tables -->"
 
 
-def readme_block() -> str:
-    """The text between the README's detection-table markers, fences stripped."""
-    text = README.read_text()
+def page_block() -> str:
+    """The text between the alerts page's detection-table markers, fences stripped."""
+    text = PAGE.read_text()
     body = text[text.index(START) + len(START) : text.index(END)]
     lines = [line for line in body.strip().splitlines() if not line.startswith("```")]
     return "\n".join(lines).strip()
 
 
 def stated(which: str) -> dict[str, dict[str, str]]:
-    """``{row label: {detector: cell}}`` of the ``which`` set's table in the README."""
-    lines = readme_block().splitlines()
+    """``{row label: {detector: cell}}`` of the ``which`` set's table in the guide."""
+    lines = page_block().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"{which} set:"))
     head = lines[start + 1].split(" | ")
     names = [name.strip() for name in head[1:]]
