@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from msmon_nb.collect.accumulation import holds_buffer
+from msmon_nb.collect.activations import Activations, graph_mode
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
@@ -137,8 +138,6 @@ class MonitorCallback(Callback):
         config = self.monitor.config
         if network is None or not (config.tracks("activations") or config.tracks("act_grad")):
             return
-        from msmon_nb.collect.activations import Activations, graph_mode
-
         acts = Activations(config.module_targets, config.tracks("act_grad"), self.monitor.warn_once)
         self.acts = acts
         if graph_mode():
