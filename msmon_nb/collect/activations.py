@@ -285,11 +285,18 @@ class Activations:
         self.before.clear()
         self.wants_root = False
 
-    def compiled_root(self, root: Any) -> None:
+    def compiled_root(self, root: Any, reuse: Any = None) -> None:
         """A compiled step is about to run (compile, the first time) with ``root`` as its
-        network: its selected modules' classes are swapped for tapped ones, once."""
+        network: its selected modules' classes are swapped for tapped ones, once.
+        ``reuse``: the ``GraphActivations`` a graph of ``root`` was compiled with (an
+        earlier ``Model.train`` call's), whose classes go on again."""
         self.wants_root = False
         if self.graph is not None or root is None:
+            return
+        if reuse is not None:
+            self.graph = reuse
+            reuse.install()
+            reuse.set_collect(self.collecting)
             return
         from msmon_nb.collect.acttaps import GraphActivations
 

@@ -84,7 +84,7 @@ class GraphActivations:
         self.count = tap_scalar("msmon_act_count", 0, ms.int32)
         self._on = False
         self.stores: dict[str, Parameter] = {}
-        self.swapped: list[tuple[Any, type]] = []
+        self.swapped: list[tuple[Any, type, type]] = []  # (cell, its class, the tapped one)
         for path, cell in modules:
             store = Parameter(
                 Tensor(np.zeros(len(ACT_STATS) + 1, self.dtype)),
@@ -93,8 +93,10 @@ class GraphActivations:
             )
             self.stores[f"act/{param_tag(path)}"] = store
             original = type(cell)
-            cell.__class__ = _tapped_class(original, store, self.on, self.count, wide)
-            self.swapped.append((cell, original))
+            self.swapped.append(
+                (cell, original, _tapped_class(original, store, self.on, self.count, wide))
+            )
+        self.install()
         self.reads = 0  # collected steps read
         self.serials: dict[str, float] = {}  # prefix -> the serial its values had last read
 
@@ -123,8 +125,14 @@ class GraphActivations:
         """How many statistics vectors the graphs computed so far (``count``)."""
         return int(self.count.asnumpy())
 
+    def install(self) -> None:
+        """Every selected cell takes its tapped class (again: a train cell's graph
+        compiled with them is reused by the next ``Model.train`` call, and whatever
+        compiles it anew must see them too)."""
+        for cell, _, tapped in self.swapped:
+            cell.__class__ = tapped
+
     def uninstall(self) -> None:
         """Every swapped cell gets its own class back."""
-        for cell, original in reversed(self.swapped):
+        for cell, original, _ in reversed(self.swapped):
             cell.__class__ = original
-        self.swapped.clear()

@@ -134,18 +134,27 @@ class MonitorCallback(Callback):
     def _tap_activations(self, network: Any) -> None:
         """``activations``: in GRAPH_MODE the train cell's selected modules are tapped
         (``collect.acttaps``) and its compiled graph dropped, so that it compiles with
-        them; in PyNative the hooks go on at each collected step's begin."""
+        them -- unless that graph was compiled with the same selection's taps (an
+        earlier ``Model.train`` call's, kept on the cell as ``_msmon_acts``: their
+        Parameters and flag are the graph's), which are put on again, so that a loop of
+        ``model.train(1, ...)`` calls compiles once; in PyNative the hooks go on at each
+        collected step's begin."""
         config = self.monitor.config
         if network is None or not (config.tracks("activations") or config.tracks("act_grad")):
             return
         acts = Activations(config.module_targets, config.tracks("act_grad"), self.monitor.warn_once)
         self.acts = acts
         if graph_mode():
-            acts.compiled_root(network)
-            if acts.graph is not None:
+            kept = getattr(network, "_msmon_acts", None)
+            targets = config.module_targets
+            reuse = kept[1] if kept is not None and kept[0] == targets else None
+            acts.compiled_root(network, reuse)
+            if acts.graph is not None and reuse is None:
                 drop_compiled([network])
                 network._msmon_taps = None  # compile again, with the swapped classes
+                network._msmon_acts = (targets, acts.graph)
                 self._compile_first = True
+            if acts.graph is not None and not any(c is network for c in self._act_cells):
                 self._act_cells.append(network)
 
     def on_train_step_begin(self, run_context: Any) -> None:
@@ -425,6 +434,8 @@ class MonitorCallback(Callback):
         self.release()
         act_cells, self._act_cells = self._act_cells, []
         drop_compiled(act_cells)  # their graphs hold the activation taps
+        for cell in act_cells:
+            cell._msmon_acts = None
         cells, self._compiled = self._compiled, []
         for cell in cells:
             taps = getattr(cell, "_msmon_taps", None)

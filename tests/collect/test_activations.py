@@ -270,14 +270,15 @@ class Before(Callback):
     """The twin's record of each collected step's inputs and weights, taken before the
     step (as the step's own forward pass sees them)."""
 
-    def __init__(self, net):
-        self.net, self.kept = net, {}
+    def __init__(self, net, offset=0):
+        self.net, self.kept, self.offset = net, {}, offset  # offset: earlier calls' steps
 
     def on_train_step_begin(self, run_context):
-        cb = run_context.original_args()
-        if cb.cur_step_num % EVERY == 0:
+        step = self.offset + run_context.original_args().cur_step_num
+        if step % EVERY == 0:
             weights = {p.name: p.asnumpy().copy() for p in self.net.trainable_params()}
-            self.kept[cb.cur_step_num] = (cb.train_dataset_element[0].asnumpy(), weights)
+            batch = run_context.original_args().train_dataset_element[0].asnumpy()
+            self.kept[step] = (batch, weights)
 
 
 def model_run(callbacks):
@@ -366,3 +367,42 @@ def test_jit_grad_function_with_the_optimizer_in_python(tmp_path, before):
         assert {t.split("/")[1] for t in series} == {"fc1", "fc2"}  # the default: Dense layers
         assert all(s.steps.tolist() == [0, 3, 6] for s in series.values())
         assert all(np.all(np.isfinite(s.values)) for s in series.values())
+
+
+def test_model_train_called_again_reuses_its_tapped_graph(tmp_path):
+    """``model.train(1, ...)`` in a loop (GRAPH_MODE): the second call runs the graph the
+    first compiled with the taps (the same ``GraphActivations``, its classes put on
+    again) and records its steps as exactly; after the monitor, the classes are back."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        net, opt, _ = build()
+        model = Model(net, tiny.loss_fn(), opt)
+        x, y = tiny.data(n=32 * STEPS)
+        data = mds.NumpySlicesDataset((x, y), column_names=["x", "y"], shuffle=False).batch(32)
+        track = [*CORE_METRICS, "activations"]
+        graphs, inputs = [], []
+        with Monitor(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track) as mon:
+            callback = mon.callback()
+            for call in range(2):
+                keep = Before(net, offset=call * STEPS)
+                model.train(1, data, callbacks=[callback, keep], dataset_sink_mode=False)
+                graphs.append(getattr(model.train_network, "_msmon_acts", (None, None))[1])
+                inputs += [keep.kept[s] for s in sorted(keep.kept)]
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert graphs[0] is not None and graphs[1] is graphs[0]
+    assert graphs[0].reads == 4  # steps 3, 6 of the first call, 9, 12 of the second
+    assert all(not hasattr(type(c), "_msmon_act_of") for _, c in net.cells_and_names())
+    series = recorded(load_run(mon.run_dir))
+    assert {s.steps.tolist() == [3, 6, 9, 12] for s in series.values()} == {True}
+    fresh, _, _ = build()
+    for i, (batch, weights) in enumerate(inputs):
+        for p in fresh.trainable_params():
+            p.set_data(ms.Tensor(weights[p.name]))
+        for prefix, array in forward_reference(fresh, ms.Tensor(batch)).items():
+            name = prefix.split("/")[1]
+            if name == "act":
+                continue  # the default selection: the Dense layers
+            for stat, value in stats64(array).items():
+                got = series[f"{prefix}/{stat}"].values[i]
+                np.testing.assert_allclose(got, value, rtol=2e-6, atol=1e-30, err_msg=prefix)
