@@ -38,6 +38,9 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    default modules: the three Dense layers), plus ``act_grad``, plus ``param_stats`` and
    ``optimizer_state`` with every ``param_stat_kinds``; and activations every step. Each
    ratio is against plain and against the core-only monitor beside it, per round.
+   Then ``Model.train`` in GRAPH_MODE (statistics compiled into the graph,
+   ``collect.acttaps``): plain, core every 10th, + activations every 10th and every step,
+   each on models of its own (``--instances``), one epoch a block.
 
     python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300]
                              [--only functional|model|activations]
@@ -284,6 +287,62 @@ def activations_cost(steps: int, rounds: int, base: str) -> None:
             per = own_by[name] / (rounds * steps)
             line += f"; activations' own {per * 1e6:.0f} us/step = {per / (plain / steps):.2%}"
         print(line)
+
+
+def activations_model(train_steps: int, rounds: int, base: str, instances: int) -> None:
+    """Section 4's ``Model.train`` part (GRAPH_MODE)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x, y = data(64 * train_steps, seed=1)
+    core = ["loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"]
+    arms = {
+        "plain": None,
+        "core, every 10th": dict(log_interval=10, track_metrics=core),
+        "+ activations, every 10th": dict(log_interval=10, track_metrics=[*core, "activations"]),
+        "+ activations, every step": dict(log_interval=1, track_metrics=[*core, "activations"]),
+    }
+    blocks: dict[str, list[tuple[Model, mds.Dataset, Any]]] = {name: [] for name in arms}
+    mons = []
+    for name, cfg in arms.items():
+        mon = None
+        if cfg is not None:
+            mon = Monitor(save_dir=base, run_name=f"actm_{len(mons)}", blame=NO_BLAME, **cfg)
+            mons.append(mon)
+        for _ in range(instances):
+            net = mlp()
+            opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
+            loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+            dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(64)
+            model = Model(net, loss_fn=loss_fn, optimizer=opt)
+            blocks[name].append((model, dataset, mon.callback() if mon else None))
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
+    for r in range(rounds + 1):  # round 0 compiles
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            total = 0.0
+            for model, dataset, cb in blocks[name]:
+                t0 = time.perf_counter()
+                model.train(1, dataset, callbacks=[cb] if cb else None, dataset_sink_mode=False)
+                total += time.perf_counter() - t0
+            if r:
+                times[name].append(total / len(blocks[name]))
+    for mon in mons:
+        mon.close()
+    plain = statistics.median(times["plain"])
+    print(
+        f"activations in Model.train (GRAPH_MODE, Adam), {train_steps}-step epochs x {rounds} "
+        f"rounds x {instances} models a variant:"
+    )
+    print(f"  plain: {plain / train_steps * 1e3:.2f} ms/step")
+    for name in order[1:]:
+        vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
+        line = f"  {name:28s} / plain {_spread(vs_plain)}"
+        if name != "core, every 10th":
+            core10 = times["core, every 10th"]
+            ratios = [t / c for t, c in zip(times[name], core10, strict=True)]
+            line += f"; / core every 10th {_spread(ratios)}"
+        print(line)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class _Own:
@@ -603,6 +662,9 @@ def main() -> None:
             functional(args.steps, args.rounds, base)
         if args.only in (None, "activations"):
             activations_cost(args.steps, args.rounds, base)
+            activations_model(
+                args.train_steps, args.train_rounds or args.rounds, base, max(args.instances, 1)
+            )
         if args.only in (None, "model"):
             model_train(
                 args.train_steps,
