@@ -386,7 +386,7 @@ class Watch:
             train = watch._is_train_cell(cell)
             watch._begin("train_cell" if train else "cell")
             if train and watch.acts is not None and graph_mode():
-                watch._guard(watch.acts.compiled_root, cell)  # before it compiles
+                watch._guard(watch.acts.compiled_root, cell)  # before it compiles (once)
             if train:
                 watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
@@ -445,7 +445,10 @@ class Watch:
                 watch._begin("jit")
             watch.calls += top
             if top and watch.acts is not None:  # before it compiles (collect.acttaps)
-                watch._guard(watch.acts.compiled_root, watch._guard(jit_root, executor))
+                if watch.acts.graph is None:  # (found once: not a walk every step)
+                    watch._guard(watch.acts.compiled_root, watch._guard(jit_root, executor))
+                else:
+                    watch.acts.wants_root = False
             watch._install_tap()
             if top:
                 watch._lr_before(executor)
