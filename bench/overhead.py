@@ -33,8 +33,17 @@ Model: MLP 784-512-512-10, batch 64, CPU, Momentum.
    ring only / blame off <= 1.01.
 3. The grad_norm reduction inside the train graph alone (one model, its tap switched on
    and off), next to the floor of reading every gradient byte once.
+4. Activations and the statistics beyond the norm (issue 45), functional PyNative loop with
+   Adam: plain; the core metrics every 10th step; the same plus ``activations`` (the
+   default modules: the three Dense layers), plus ``act_grad``, plus ``param_stats`` and
+   ``optimizer_state`` with every ``param_stat_kinds``; and activations every step. Each
+   ratio is against plain and against the core-only monitor beside it, per round.
+   Then ``Model.train`` in GRAPH_MODE (statistics compiled into the graph,
+   ``collect.acttaps``): plain, core every 10th, + activations every 10th and every step,
+   each on models of its own (``--instances``), one epoch a block.
 
-    python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300] [--only model]
+    python bench/overhead.py [--steps 20] [--rounds 30] [--train-steps 300]
+                             [--only functional|model|activations]
                              [--lr-schedule] [--instances 3] [--not-held]
 
 Prints ratios of block times (blocks interleaved, order rotated each round) with their
@@ -192,6 +201,148 @@ def functional(steps: int, rounds: int, base: str) -> None:
             f"us/step = {(inside[name] - inside['blame off']) / (plain / steps):+.2%} of a "
             f"plain step; {counts[id(variants[name])]}"
         )
+
+
+def activations_cost(steps: int, rounds: int, base: str) -> None:
+    """Section 4 of the module docstring."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = mlp()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    x, y = data(64 * 8)
+    batches = [(ms.Tensor(x[i : i + 64]), ms.Tensor(y[i : i + 64])) for i in range(0, 512, 64)]
+
+    def block() -> float:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss, grads = grad_fn(*batches[i % len(batches)])
+            opt(grads)
+        float(loss.asnumpy())
+        return time.perf_counter() - t0
+
+    block()
+    core = ["loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"]
+    kinds = ["norm", "max_abs", "nonfinite", "zero_frac"]
+    arms = {
+        "core, every 10th": dict(log_interval=10, track_metrics=core),
+        "+ activations, every 10th": dict(log_interval=10, track_metrics=[*core, "activations"]),
+        "+ act_grad, every 10th": dict(
+            log_interval=10, track_metrics=[*core, "activations", "act_grad"]
+        ),
+        "+ param/moment stats (4 kinds), every 10th": dict(
+            log_interval=10,
+            track_metrics=[*core, "param_stats", "optimizer_state"],
+            param_stat_kinds=kinds,
+        ),
+        "core, every step": dict(log_interval=1, track_metrics=core),
+        "+ activations, every step": dict(log_interval=1, track_metrics=[*core, "activations"]),
+    }
+    mons = {
+        name: Monitor(save_dir=base, run_name=f"act_{i}", blame=NO_BLAME, **cfg)
+        for i, (name, cfg) in enumerate(arms.items())
+    }
+    # the activations' own work (hooks on and off, the statistics), timed where it runs:
+    # a figure the other jobs on a shared machine move far less than block times
+    from msmon_nb.collect.activations import Activations
+
+    own = {"s": 0.0}
+    for method in ("arm", "see", "take"):
+        inner = getattr(Activations, method)
+
+        def timed(self, *a, _inner=inner, **k):
+            t0 = time.perf_counter()
+            try:
+                return _inner(self, *a, **k)
+            finally:
+                own["s"] += time.perf_counter() - t0
+
+        setattr(Activations, method, timed)
+    own_by: dict[str, float] = {name: 0.0 for name in arms}
+    times: dict[str, list[float]] = {"plain": [], **{name: [] for name in arms}}
+    order = list(times)
+    for r in range(rounds):
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            if name == "plain":
+                times[name].append(block())
+            else:
+                before = own["s"]
+                with mons[name].watch():
+                    times[name].append(block())
+                own_by[name] += own["s"] - before
+    for mon in mons.values():
+        mon.close()
+    plain = statistics.median(times["plain"])
+    print(f"activations (PyNative, Adam), {steps}-step blocks x {rounds} rounds, order rotated:")
+    print(f"  plain: {plain / steps * 1e3:.1f} ms/step")
+    for name in arms:
+        anchor = "core, every step" if name.endswith("every step") else "core, every 10th"
+        vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
+        line = f"  {name:44s} / plain {_spread(vs_plain)}"
+        if name != anchor:
+            vs_core = [t / c for t, c in zip(times[name], times[anchor], strict=True)]
+            line += f"; / {anchor} {_spread(vs_core)}"
+        if own_by[name]:
+            per = own_by[name] / (rounds * steps)
+            line += f"; activations' own {per * 1e6:.0f} us/step = {per / (plain / steps):.2%}"
+        print(line)
+
+
+def activations_model(train_steps: int, rounds: int, base: str, instances: int) -> None:
+    """Section 4's ``Model.train`` part (GRAPH_MODE)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x, y = data(64 * train_steps, seed=1)
+    core = ["loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"]
+    arms = {
+        "plain": None,
+        "core, every 10th": dict(log_interval=10, track_metrics=core),
+        "+ activations, every 10th": dict(log_interval=10, track_metrics=[*core, "activations"]),
+        "+ activations, every step": dict(log_interval=1, track_metrics=[*core, "activations"]),
+    }
+    blocks: dict[str, list[tuple[Model, mds.Dataset, Any]]] = {name: [] for name in arms}
+    mons = []
+    for name, cfg in arms.items():
+        mon = None
+        if cfg is not None:
+            mon = Monitor(save_dir=base, run_name=f"actm_{len(mons)}", blame=NO_BLAME, **cfg)
+            mons.append(mon)
+        for _ in range(instances):
+            net = mlp()
+            opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
+            loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+            dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(64)
+            model = Model(net, loss_fn=loss_fn, optimizer=opt)
+            blocks[name].append((model, dataset, mon.callback() if mon else None))
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
+    for r in range(rounds + 1):  # round 0 compiles
+        shift = r % len(order)
+        for name in order[shift:] + order[:shift]:
+            total = 0.0
+            for model, dataset, cb in blocks[name]:
+                t0 = time.perf_counter()
+                model.train(1, dataset, callbacks=[cb] if cb else None, dataset_sink_mode=False)
+                total += time.perf_counter() - t0
+            if r:
+                times[name].append(total / len(blocks[name]))
+    for mon in mons:
+        mon.close()
+    plain = statistics.median(times["plain"])
+    print(
+        f"activations in Model.train (GRAPH_MODE, Adam), {train_steps}-step epochs x {rounds} "
+        f"rounds x {instances} models a variant:"
+    )
+    print(f"  plain: {plain / train_steps * 1e3:.2f} ms/step")
+    for name in order[1:]:
+        vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
+        line = f"  {name:28s} / plain {_spread(vs_plain)}"
+        if name != "core, every 10th":
+            core10 = times["core, every 10th"]
+            ratios = [t / c for t, c in zip(times[name], core10, strict=True)]
+            line += f"; / core every 10th {_spread(ratios)}"
+        print(line)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class _Own:
@@ -492,7 +643,7 @@ def main() -> None:
     parser.add_argument(
         "--train-rounds", type=int, default=None, help="Model.train rounds (default: --rounds)"
     )
-    parser.add_argument("--only", choices=("functional", "model"), default=None)
+    parser.add_argument("--only", choices=("functional", "model", "activations"), default=None)
     parser.add_argument(
         "--lr-schedule", action="store_true", help="Model.train with a list lr schedule"
     )
@@ -509,6 +660,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as base:
         if args.only in (None, "functional"):
             functional(args.steps, args.rounds, base)
+        if args.only in (None, "activations"):
+            activations_cost(args.steps, args.rounds, base)
+            activations_model(
+                args.train_steps, args.train_rounds or args.rounds, base, max(args.instances, 1)
+            )
         if args.only in (None, "model"):
             model_train(
                 args.train_steps,

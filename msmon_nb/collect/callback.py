@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from msmon_nb.collect.accumulation import holds_buffer
+from msmon_nb.collect.activations import Activations, graph_mode
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
@@ -102,6 +103,8 @@ class MonitorCallback(Callback):
         # whether the train cell accumulates gradients (read once per Model.train call):
         # without a buffer, a step that calls no optimizer skipped its update
         self._buffer: bool | None = None
+        self.acts: Any = None  # collect.activations.Activations while activations are on
+        self._act_cells: list[Any] = []  # train cells compiled with activation taps
 
     def on_train_begin(self, run_context: Any) -> None:
         mon = self.monitor
@@ -118,6 +121,7 @@ class MonitorCallback(Callback):
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._buffer = mon.guard("reading the train cell", holds_buffer, network)
+        mon.guard("tapping the activations", self._tap_activations, network)
         self._install_taps(network)
         self._gate_loss(network)
         mon.attached("Model.train callback")
@@ -126,6 +130,32 @@ class MonitorCallback(Callback):
         mon.mark_step_start(restart=True)
         self._offset = 0 if mon.last_step is None else mon.last_step
         self._t_end = None
+
+    def _tap_activations(self, network: Any) -> None:
+        """``activations``: in GRAPH_MODE the train cell's selected modules are tapped
+        (``collect.acttaps``) and its compiled graph dropped, so that it compiles with
+        them -- unless that graph was compiled with the same selection's taps (an
+        earlier ``Model.train`` call's, kept on the cell as ``_msmon_acts``: their
+        Parameters and flag are the graph's), which are put on again, so that a loop of
+        ``model.train(1, ...)`` calls compiles once; in PyNative the hooks go on at each
+        collected step's begin."""
+        config = self.monitor.config
+        if network is None or not (config.tracks("activations") or config.tracks("act_grad")):
+            return
+        acts = Activations(config.module_targets, config.tracks("act_grad"), self.monitor.warn_once)
+        self.acts = acts
+        if graph_mode():
+            kept = getattr(network, "_msmon_acts", None)
+            targets = config.module_targets
+            reuse = kept[1] if kept is not None and kept[0] == targets else None
+            acts.compiled_root(network, reuse)
+            if acts.graph is not None and reuse is None:
+                drop_compiled([network])
+                network._msmon_taps = None  # compile again, with the swapped classes
+                network._msmon_acts = (targets, acts.graph)
+                self._compile_first = True
+            if acts.graph is not None and not any(c is network for c in self._act_cells):
+                self._act_cells.append(network)
 
     def on_train_step_begin(self, run_context: Any) -> None:
         if self._compile_first:
@@ -147,6 +177,11 @@ class MonitorCallback(Callback):
                 mon.guard("reading the taps", tap.begin, between)
         self._lr = None
         self._scale = None
+        acts = self.acts
+        if acts is not None:
+            mon.guard("arming the activations", acts.arm, self._collect)
+            if self._collect and acts.graph is None:  # PyNative: hooks on its modules
+                mon.guard("hooking the activations", acts.see, self.network)
         if self._collect:
             held = self._held_optimizers()
             if len(held) > 1:  # each one's, should several step (collect.several)
@@ -193,6 +228,9 @@ class MonitorCallback(Callback):
             )
             extra = {**(extra or {}), **(got or {})}
             loss = self._lr = None
+        if collect and self.acts is not None:
+            got = mon.guard("reading the activations", self.acts.take, self.acts.graph is not None)
+            extra = {**(extra or {}), **(got or {})}
         # the parameters (references, no copy): param_stats reads them, and blame's
         # detail after an alert reads their weights
         wants_params = (
@@ -384,12 +422,20 @@ class MonitorCallback(Callback):
         if cell is not None:
             mon.guard("removing the loss tap", remove_loss_tap, cell)
             drop_compiled([cell])  # its graph held the loss tap
+        acts, self.acts = self.acts, None
+        if acts is not None:
+            mon.guard("switching the activations off", acts.arm, False)
+            mon.guard("putting the modules' classes back", acts.close)
 
     def close(self) -> None:
         """The monitor closes: ``release``, and the train cells whose graph holds the taps
         this callback used lose that graph (their next ``Model.train`` compiles once,
         without us), so nothing of ours stays in them."""
         self.release()
+        act_cells, self._act_cells = self._act_cells, []
+        drop_compiled(act_cells)  # their graphs hold the activation taps
+        for cell in act_cells:
+            cell._msmon_acts = None
         cells, self._compiled = self._compiled, []
         for cell in cells:
             taps = getattr(cell, "_msmon_taps", None)

@@ -154,6 +154,8 @@ class StepCollector:
             self._keep_tensors(step, inputs.params, inputs.grads)
         if values is None:
             return None
+        if inputs.grads is None and inputs.param_norms is not None:
+            self._graph_kinds()
         if self.config.tracks("optimizer_state"):
             values.update(self._optimizer_state(inputs.optimizer))
         if inputs.extra:
@@ -226,11 +228,27 @@ class StepCollector:
         if self.flight is not None:
             self._guard("keeping step tensors", self.flight.record, step, self.last_params, grads)
 
+    def _graph_kinds(self) -> None:
+        """Say once that a graph step's gradients give their norm only: they never reach
+        the host, and the optimizer tap measures each one's norm alone."""
+        config = self.config
+        extra = [k for k in config.param_stat_kinds if k != "norm"]
+        if extra and config.tracks("param_stats"):
+            self._guard.warn_once(
+                "param_stat_kinds graph",
+                f"param_stat_kinds {extra} of the gradients are measured where the gradients "
+                "reach Python (PyNative loops); inside this compiled step only each "
+                "gradient's norm is (param/<name>/grad_norm). Weights and optimizer moments "
+                "get every kind",
+            )
+
     def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
         """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""
         if optimizer is None:
             self._guard.warn_once("optimizer_state none", missing_optimizer_message())
             return {}
         if self._optstate is None:
-            self._optstate = OptimizerState(self.config.param_targets, self._guard.warn_once)
+            self._optstate = OptimizerState(
+                self.config.param_targets, self._guard.warn_once, self.config.param_stat_kinds
+            )
         return self._guard("reading the optimizer state", self._optstate.read, optimizer) or {}

@@ -47,6 +47,7 @@ from msmon_nb.collect.active import quiet
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.tensors import to_float, to_numpy
 from msmon_nb.collect.values import param_tag
+from msmon_nb.metrics.extent import tensor_extent
 from msmon_nb.metrics.norms import norms
 
 # (attributes holding the moments, the name each gets in its tag); first match wins
@@ -59,9 +60,10 @@ MOMENT_NAMES = ("moment1", "moment2", "momentum")
 PATH_ENV = "MSMON_OPTSTATE_PATH"
 
 
-def moment_tag(param_name: str, moment: str) -> str:
-    """``param/<parameter tag>/<moment>_norm``, the parameter spelled as ``param_stats`` does."""
-    return f"param/{param_tag(param_name)}/{moment}_norm"
+def moment_tag(param_name: str, moment: str, kind: str = "norm") -> str:
+    """``param/<parameter tag>/<moment>_<kind>`` (``kind`` one of ``param_stat_kinds``),
+    the parameter spelled as ``param_stats`` does."""
+    return f"param/{param_tag(param_name)}/{moment}_{kind}"
 
 
 def find_moments(optimizer: Any) -> list[tuple[str, Sequence[Any]]] | str:
@@ -107,15 +109,17 @@ class Plan:
     """What one optimizer's collected steps read: the tags and their tensors, in order."""
 
     optimizer: Any
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # len(tensors) x len(kinds), tensor-major
     tensors: list[Any] = field(default_factory=list)
+    kinds: tuple[str, ...] = ("norm",)
     why_empty: str | None = None
     cell: Any = None  # the compiled reduction (device path), built at the first read
 
 
-def plan_for(optimizer: Any, targets: Iterable[str]) -> Plan:
-    """Select the moments of the parameters whose names a target is found in."""
-    plan = Plan(optimizer)
+def plan_for(optimizer: Any, targets: Iterable[str], kinds: Sequence[str] = ("norm",)) -> Plan:
+    """Select the moments of the parameters whose names a target is found in; each gets
+    one tag per statistic of ``kinds``."""
+    plan = Plan(optimizer, kinds=tuple(kinds))
     moments = find_moments(optimizer)
     if isinstance(moments, str):
         plan.why_empty = moments
@@ -131,7 +135,7 @@ def plan_for(optimizer: Any, targets: Iterable[str]) -> Plan:
         return plan
     for moment, tensors in moments:
         for i in chosen:
-            plan.tags.append(moment_tag(names[i], moment))
+            plan.tags.extend(moment_tag(names[i], moment, kind) for kind in plan.kinds)
             plan.tensors.append(tensors[i])
     return plan
 
@@ -146,13 +150,16 @@ def on_device() -> bool:
     return ms.get_context("device_target") != "CPU"
 
 
-def _norm_cell(tensors: list[Any]) -> Any:
-    """A Cell whose compiled ``construct`` returns the L2 norm of each tensor, stacked."""
+def _norm_cell(tensors: list[Any], kinds: Sequence[str] = ("norm",)) -> Any:
+    """A Cell whose compiled ``construct`` returns, for each tensor in turn, its
+    statistics of ``kinds`` (``metrics.extent``'s definitions), as one flat array."""
     import mindspore as ms
     from mindspore import ParameterTuple, nn, ops
 
-    class MomentNorms(nn.Cell):
-        """sqrt(sum(x^2)) of every selected moment in one graph; float32 throughout."""
+    wanted = tuple(kinds)
+
+    class MomentStats(nn.Cell):
+        """Every selected moment's statistics in one graph; float32 throughout."""
 
         def __init__(self, moments: list[Any]) -> None:
             super().__init__(auto_prefix=False)
@@ -160,17 +167,36 @@ def _norm_cell(tensors: list[Any]) -> Any:
 
         @ms.jit
         def construct(self):
-            squares = [ops.reduce_sum(ops.square(ops.cast(m, ms.float32))) for m in self.moments]
-            return ops.sqrt(ops.stack(squares))
+            out = []
+            for m in self.moments:
+                x = ops.cast(m, ms.float32)
+                for kind in wanted:
+                    if kind == "norm":
+                        out.append(ops.sqrt(ops.reduce_sum(ops.square(x))))
+                    elif kind == "max_abs":
+                        out.append(ops.reduce_max(ops.abs(x)))
+                    elif kind == "nonfinite":
+                        bad = ops.logical_not(ops.isfinite(x))
+                        out.append(ops.reduce_sum(ops.cast(bad, ms.float32)))
+                    else:
+                        zero = ops.cast(ops.equal(x, 0), ms.float32)
+                        out.append(ops.reduce_mean(zero))
+            return ops.stack(out)
 
-    return MomentNorms(tensors)
+    return MomentStats(tensors)
 
 
 class OptimizerState:
     """One monitor's reader: a plan per optimizer, built once, read on collected steps."""
 
-    def __init__(self, targets: Iterable[str], warn_once: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        targets: Iterable[str],
+        warn_once: Callable[[str, str], None],
+        kinds: Sequence[str] = ("norm",),
+    ) -> None:
         self.targets = list(targets)
+        self.kinds = tuple(kinds)
         self.warn_once = warn_once
         self.plans: dict[int, Plan] = {}
         self.reads = 0  # reductions run (one per collected step with a plan)
@@ -179,7 +205,7 @@ class OptimizerState:
         """``{tag: norm}`` for ``optimizer``'s selected moments, now."""
         plan = self.plans.get(id(optimizer))
         if plan is None or plan.optimizer is not optimizer:
-            plan = plan_for(optimizer, self.targets)
+            plan = plan_for(optimizer, self.targets, self.kinds)
             self.plans[id(optimizer)] = plan
         if plan.why_empty is not None:
             self.warn_once(
@@ -191,11 +217,15 @@ class OptimizerState:
         self.reads += 1
         if on_device():
             if plan.cell is None:
-                plan.cell = _norm_cell(plan.tensors)
+                plan.cell = _norm_cell(plan.tensors, plan.kinds)
             with quiet():
                 values = [float(v) for v in plan.cell().asnumpy().reshape(-1)]
-        else:
+        elif plan.kinds == ("norm",):
             values = norms(to_numpy(t) for t in plan.tensors)
+        else:
+            values = [
+                v for t in plan.tensors for v in tensor_extent(to_numpy(t), plan.kinds).values()
+            ]
         return dict(zip(plan.tags, values, strict=True))
 
 

@@ -17,7 +17,8 @@ from msmon_nb.collect.gradsource import GradSeen
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
 from msmon_nb.collect.unscale import received_factor, undo_rule
 from msmon_nb.config import MonitorConfig, suggest_tag
-from msmon_nb.metrics.norms import global_norm, sum_of_squares
+from msmon_nb.metrics.extent import tensor_extent
+from msmon_nb.metrics.norms import global_norm
 
 if TYPE_CHECKING:
     from msmon_nb.collect.devnorm import DeferredNorm
@@ -228,11 +229,15 @@ def param_stats(
     targets: Iterable[str],
     grad_scale: float = 1.0,
     measured: Mapping[str, float] | None = None,
+    kinds: Sequence[str] = ("norm",),
 ) -> dict[str, float]:
-    """``param/<name>/weight_norm`` and ``.../grad_norm`` for names matching ``targets``
-    (gradient norms divided by ``grad_scale``, the loss scale still in them).
-    ``measured``: name -> gradient norm already unscaled, where no gradient reached the
-    host (a graph step: the optimizer tap's per-gradient norms, ``gradsource.param_norms``)."""
+    """``param/<name>/weight_<kind>`` and ``.../grad_<kind>`` for names matching
+    ``targets``, one per statistic in ``kinds`` (``metrics.extent``: ``norm`` alone
+    unless ``param_stat_kinds`` asks for more). A gradient's norm and max |x| are divided
+    by ``grad_scale`` (the loss scale still in them); its zero share and non-finite count
+    are the gradient's as produced. ``measured``: name -> gradient norm already unscaled,
+    where no gradient reached the host (a graph step: the optimizer tap's per-gradient
+    norms, ``gradsource.param_norms``); only the norm is measured there."""
     patterns = [re.compile(t) for t in targets]
     out: dict[str, float] = {}
     for i, name in enumerate(names):
@@ -240,11 +245,13 @@ def param_stats(
             continue
         tag = param_tag(name)
         if weights is not None and i < len(weights):
-            out[f"param/{tag}/weight_norm"] = math.sqrt(sum_of_squares(to_numpy(weights[i])))
+            for kind, value in tensor_extent(to_numpy(weights[i]), kinds).items():
+                out[f"param/{tag}/weight_{kind}"] = value
         if grads is not None and i < len(grads):
-            norm = math.sqrt(sum_of_squares(to_numpy(grads[i])))
-            out[f"param/{tag}/grad_norm"] = norm / grad_scale
-        elif measured is not None and name in measured:
+            for kind, value in tensor_extent(to_numpy(grads[i]), kinds).items():
+                scaled = kind in ("norm", "max_abs")
+                out[f"param/{tag}/grad_{kind}"] = value / grad_scale if scaled else value
+        elif measured is not None and name in measured and "norm" in kinds:
             out[f"param/{tag}/grad_norm"] = float(measured[name])
     return out
 
@@ -346,7 +353,15 @@ def step_values(
         if leaves is None and inputs.param_norms is not None:
             measured = dict(zip(*inputs.param_norms, strict=True))
         values.update(
-            param_stats(names, params, leaves, config.param_targets, grad_scale, measured)
+            param_stats(
+                names,
+                params,
+                leaves,
+                config.param_targets,
+                grad_scale,
+                measured,
+                config.param_stat_kinds,
+            )
         )
     if tracks("system"):
         from msmon_nb.collect.system import system_metrics

@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from msmon_nb.collect.accumulation import holds_buffer
+from msmon_nb.collect.activations import Activations, graph_mode, jit_root
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import find_ways_in, is_optimizer, original
@@ -144,6 +145,12 @@ class Watch:
         self._names: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (optimizer, names)
         self._buffers: dict[int, tuple[Any, bool | None]] = {}  # id -> (owner, holds_buffer)
         self._torch = TorchStyle(self)  # torch-style optimizers, MindNLP's (collect.torchstyle)
+        config = recorder.config
+        self.acts: Activations | None = None  # activations (opt-in: collect.activations)
+        if config.tracks("activations") or config.tracks("act_grad"):
+            self.acts = Activations(
+                config.module_targets, config.tracks("act_grad"), recorder.warn_once
+            )
 
     def _reset(self) -> None:
         self.loss: Any = None
@@ -264,6 +271,8 @@ class Watch:
         except StopTraining:
             pass
         try:
+            if self.acts is not None:
+                self.acts.close()
             self._patches.restore()
             self._torch.detach()
             if self.tap is not None:
@@ -370,9 +379,14 @@ class Watch:
 
         def cell_call(cell, *args, **kwargs):
             if watch._depth or watch._in_model:
+                acts = watch.acts
+                if acts is not None and acts.wants_root and watch._wants_root():
+                    watch._guard(acts.see, cell)
                 return original(cell, *args, **kwargs)
             train = watch._is_train_cell(cell)
             watch._begin("train_cell" if train else "cell")
+            if train and watch.acts is not None and graph_mode():
+                watch._guard(watch.acts.compiled_root, cell)  # before it compiles (once)
             if train:
                 watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
@@ -430,6 +444,11 @@ class Watch:
             if top:
                 watch._begin("jit")
             watch.calls += top
+            if top and watch.acts is not None:  # before it compiles (collect.acttaps)
+                if watch.acts.graph is None:  # (found once: not a walk every step)
+                    watch._guard(watch.acts.compiled_root, watch._guard(jit_root, executor))
+                else:
+                    watch.acts.wants_root = False
             watch._install_tap()
             if top:
                 watch._lr_before(executor)
@@ -679,6 +698,8 @@ class Watch:
             if self.collect:
                 self._guard(tap.begin)
                 self._opt_at_begin = self._opt_calls
+        if self.acts is not None:
+            self._guard(self.acts.arm, self.collect)
 
     def _hold(self) -> bool:
         """A grad call begins while a grad-only step is open and no optimizer call has
@@ -835,6 +856,8 @@ class Watch:
             rec.trains(cell, opt)  # what checkpoint saves and lr xF scales
         if self.collect:
             grads, grad_norm, scale, extra = self._gradients()
+            if self.acts is not None:
+                extra = {**(extra or {}), **(self._guard(self._activations) or {})}
             global_step = None
             if self.opt is not None and self._wants("global_step"):
                 global_step = self._guard(read_global_step, self.opt)
@@ -884,6 +907,21 @@ class Watch:
             rec.boundary(raise_stop=True)
         finally:
             self._t_end = time.perf_counter()  # our own boundary work is not data time
+
+    def _wants_root(self) -> bool:
+        """Whether a nested cell call is the first of a collected PyNative step's
+        forward pass (the network ``collect.activations`` hooks), not the optimizer's
+        or ``Model.train``'s."""
+        forward = self._in_forward or self.kind == "train_cell"
+        return bool(forward and not self._in_opt and not self._in_model)
+
+    def _activations(self) -> dict[str, float]:
+        """The step's ``act/...`` values; a compiled step, which runs no hook, says so."""
+        acts = self.acts
+        compiled = self.kind in ("jit", "train_cell") and acts.graph is not None
+        if acts.wants_root and self.kind in ("jit", "train_cell") and acts.graph is None:
+            acts.compiled("jit step" if self.kind == "jit" else "train cell")
+        return acts.take(compiled)
 
     def _several(self, seen: GradSeen) -> dict[str, float]:
         """Two or more optimizers stepped inside the step's one call (``collect.several``):

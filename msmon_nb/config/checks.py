@@ -13,11 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
-OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system")
+OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system", "activations", "act_grad")
 # where a step's time went (recorded by collect, judged by diagnose's data_bound rule)
 DATA_TAG = "train/data_time"
 COMPUTE_TAG = "train/compute_time"
 KNOWN_METRICS = CORE_METRICS + OPTIONAL_METRICS
+# what ``param_stat_kinds`` may list: each is recorded for weights, gradients and moments
+# as ``param/<name>/<weight|grad|moment1|...>_<kind>`` (``metrics.extent``, a twin list
+# that a test keeps equal: ``metrics`` may not import ``config``)
+PARAM_STAT_KINDS = ("norm", "max_abs", "nonfinite", "zero_frac")
 MONITOR_TYPES = ("summary", "mindinsight", "file", "mlflow", "tensorboard")
 
 TAG_RULE = (

@@ -26,6 +26,7 @@ from msmon_nb.config.checks import (
     KNOWN_METRICS,
     MONITOR_TYPES,
     NAME_RE,
+    PARAM_STAT_KINDS,
     TAG_RULE,
     ConfigError,
     MonitorWarning,
@@ -73,6 +74,13 @@ class MonitorConfig:
     use_callback: bool = True
     verbose: bool = False
     param_targets: list[str] = field(default_factory=lambda: [".*"])
+    # what param_stats and optimizer_state record of each tensor (metrics.extent): the
+    # L2 norm alone by default, so that nothing costs more unless asked
+    param_stat_kinds: list[str] = field(default_factory=lambda: ["norm"])
+    # the modules whose outputs ``activations`` (and ``act_grad``) record, by regex over
+    # their paths; None: the leaf modules that hold parameters, at most
+    # collect.activations.DEFAULT_MODULES of them, spread over the model's depth
+    module_targets: list[str] | None = None
     batch_size: int | None = None
     alerts: dict[str, Any] = field(default_factory=dict)
     snapshot: dict[str, Any] = field(default_factory=dict)
@@ -306,6 +314,33 @@ class MonitorConfig:
             raise fail("param_targets", self.param_targets, "must be a list of regexes", "['fc.*']")
         for pattern in self.param_targets:
             check_regex("param_targets", pattern, "['layers\\\\.0\\\\..*']")
+        kinds = self.param_stat_kinds
+        if not isinstance(kinds, list | tuple) or isinstance(kinds, str) or not kinds:
+            raise fail("param_stat_kinds", kinds, "must be a non-empty list", "['norm', 'max_abs']")
+        for kind in kinds:
+            if kind not in PARAM_STAT_KINDS:
+                close = difflib.get_close_matches(str(kind), PARAM_STAT_KINDS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise fail(
+                    "param_stat_kinds",
+                    kind,
+                    f"unknown statistic{hint}; known: {', '.join(PARAM_STAT_KINDS)}",
+                    "['norm', 'max_abs', 'nonfinite', 'zero_frac']",
+                )
+        if len(set(kinds)) != len(kinds):
+            raise fail("param_stat_kinds", kinds, "lists a statistic twice", "['norm', 'max_abs']")
+        targets = self.module_targets
+        if targets is not None:
+            if not isinstance(targets, list | tuple) or isinstance(targets, str) or not targets:
+                raise fail(
+                    "module_targets",
+                    targets,
+                    "must be a non-empty list of regexes over module paths, or null (the "
+                    "leaf modules holding parameters)",
+                    "['layers\\\\.0\\\\.', 'head']",
+                )
+            for pattern in targets:
+                check_regex("module_targets", pattern, "['layers\\\\.0\\\\.', 'head']")
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
             raise fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")

@@ -1,8 +1,9 @@
 """Which charts a run's series make, in which order: the one chart plan of every page.
 
 The core charts (loss, grad_norm, learning_rate, throughput, step time), then the rest
-grouped by prefix: the other ``train/`` tags, ``opt/``, ``val/``, ``param/`` (one chart
-per kind), ``sys/``, then user prefixes, alphabetical inside a group. Counters
+grouped by prefix: the other ``train/`` tags, ``opt/``, ``val/``, ``param/``, ``act/`` and
+``act_grad/`` (one chart per kind or statistic, a line per parameter or module), ``sys/``,
+then user prefixes, alphabetical inside a group. Counters
 (``train/global_step``) and snapshot stats are not charted.
 
 Two or more optimizers stepping in one iteration (a GAN's D and G) write their own series,
@@ -44,7 +45,9 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "sys")
+_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys")
+# per-module groups drawn as one chart per statistic, a line per module/parameter
+_PER_STAT = ("param/", "act/", "act_grad/")
 OPT_PREFIX = "opt/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
@@ -237,9 +240,10 @@ def _chart_key(tag: str) -> str:
     home = _home(tag)
     if home in _OWN_CHART:
         return _OWN_CHART[home]
-    if home.startswith("param/"):
-        # param grad_norm / weight_norm / moment1_norm...: one chart per kind
-        return "param " + home.rsplit("/", 1)[-1]
+    if home.startswith(_PER_STAT):
+        # param grad_norm / weight_norm / moment1_norm..., act norm / act zero_frac...:
+        # one chart per kind, a line per parameter or module
+        return home.split("/", 1)[0] + " " + home.rsplit("/", 1)[-1]
     return tag.split("/", 1)[0] + "/" if "/" in tag else tag
 
 

@@ -43,6 +43,13 @@ BAD = [
     ("flush_secs", {"flush_secs": 0}),
     ("param_targets", {"param_targets": ["fc(["]}),
     ("param_targets", {"param_targets": "fc.*"}),
+    ("param_stat_kinds", {"param_stat_kinds": ["max"]}),
+    ("param_stat_kinds", {"param_stat_kinds": "max_abs"}),
+    ("param_stat_kinds", {"param_stat_kinds": []}),
+    ("param_stat_kinds", {"param_stat_kinds": ["norm", "norm"]}),
+    ("module_targets", {"module_targets": ["fc(["]}),
+    ("module_targets", {"module_targets": "fc"}),
+    ("module_targets", {"module_targets": []}),
     ("alerts", {"alerts": ["explosion"]}),
     ("snapshot", {"snapshot": "alert"}),
     ("break_on", {"break_on": 5}),
@@ -58,6 +65,18 @@ def test_bad_value_names_field(field, data):
     message = str(info.value)
     assert field in message
     assert len(message) > 30
+
+
+def test_stat_kinds_and_module_targets_say_the_fix():
+    with pytest.raises(ConfigError, match=r"did you mean 'max_abs'.*known: norm, max_abs"):
+        MonitorConfig(param_stat_kinds=["max"])
+    cfg = MonitorConfig(
+        track_metrics=["loss", "activations", "act_grad"],
+        param_stat_kinds=["norm", "zero_frac"],
+        module_targets=["^fc"],
+    )
+    assert cfg.tracks("activations") and cfg.tracks("act_grad")
+    assert MonitorConfig().param_stat_kinds == ["norm"] and MonitorConfig().module_targets is None
 
 
 def test_at_least_thirty_bad_cases():

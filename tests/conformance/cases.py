@@ -104,9 +104,19 @@ FOUND: list[Case] = [
 ]
 
 
+def inside_cases() -> list[Case]:
+    """The monitor recording the inside of the model (``harness.INSIDE``: activations
+    and their gradients, max |x|, non-finite counts and zero shares of weights,
+    gradients and moments): every family in every loop shape, collected every 3rd step,
+    so that both the hooked and the unhooked steps are compared."""
+    cases = [Case(name, loop, default_lr(name), freq=3, inside=True)
+             for name in FAMILIES for loop in LOOPS]  # fmt: skip
+    return [c for c in cases if supported(c)]
+
+
 def matrix() -> set[Case]:
     """Every case the matrix trains (the draws leave these out)."""
-    return {*default_cases(), *pairwise_cases(), *undo_cases(), *FOUND}
+    return {*default_cases(), *pairwise_cases(), *undo_cases(), *inside_cases(), *FOUND}
 
 
 def rank(case: Case, salt: str = "") -> str:

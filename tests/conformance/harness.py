@@ -98,12 +98,18 @@ class Case:
     freq: int = 1
     suite: str = ""  # a suite's own train cell (suites.SUITES) instead of ours
     precision: str = "fp32"  # or mixed precision O2/O3
+    # the monitor also records the inside of the model (INSIDE: activations, their
+    # gradients, every param_stat_kinds of weights, gradients and moments)
+    inside: bool = False
 
     @property
     def id(self) -> str:
         cell = f"{self.suite}-" if self.suite else ""
         amp = f"-{self.precision}" if self.precision != "fp32" else ""
-        return f"{cell}{self.optimizer}-{self.loop}-{self.lr}-{self.scaling}-f{self.freq}{amp}"
+        more = "-inside" if self.inside else ""
+        return (
+            f"{cell}{self.optimizer}-{self.loop}-{self.lr}-{self.scaling}-f{self.freq}{amp}{more}"
+        )
 
     @property
     def line(self) -> str:
@@ -114,6 +120,8 @@ class Case:
             args.append(f"suite={self.suite!r}")
         if self.precision != "fp32":
             args.append(f"precision={self.precision!r}")
+        if self.inside:
+            args.append("inside=True")
         return f"Case({', '.join(args)})"
 
 
@@ -498,7 +506,7 @@ class Training:
         """Train steps ``start`` to ``stop`` (monitored, when this is that arm)."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with _monitored(self.save_dir, self.case.freq, self.arm) as mon:
+            with _monitored(self.save_dir, self.case, self.arm) as mon:
                 if self.model is not None:
                     self._model_steps(start, stop, mon)
                 else:
@@ -641,7 +649,7 @@ class _Steps(Callback):
 
 
 @contextmanager
-def _monitored(save_dir, freq: int, arm: Arm) -> Iterator[Any]:
+def _monitored(save_dir, case: Case, arm: Arm) -> Iterator[Any]:
     if save_dir is None:
         yield None
         return
@@ -649,10 +657,21 @@ def _monitored(save_dir, freq: int, arm: Arm) -> Iterator[Any]:
     from msmon_nb.events.runs import load_run
     from msmon_nb.monitor import Monitor
 
-    with Monitor(save_dir=str(save_dir), log_interval=freq) as mon:
+    more = INSIDE if case.inside else {}
+    with Monitor(save_dir=str(save_dir), log_interval=case.freq, **more) as mon:
         yield mon
     arm.run = load_run(mon.run_dir)
     arm.alerts = list(mon.alerts)
+
+
+# what an ``inside`` case's monitor records beside the defaults (issue 45)
+INSIDE = {
+    "track_metrics": [
+        *("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"),
+        *("param_stats", "optimizer_state", "activations", "act_grad"),
+    ],
+    "param_stat_kinds": ["norm", "max_abs", "nonfinite", "zero_frac"],
+}
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from tests.conformance.cases import (
     FOUND,
     default_cases,
     impossible_pairs,
+    inside_cases,
     pairwise_cases,
     undo_cases,
 )
@@ -40,6 +41,17 @@ def test_all_pairs_of_lr_form_loop_scaling_frequency_precision(case, tmp_path):
 def test_who_undoes_the_loss_scale_for_every_suite_optimizer(case, tmp_path):
     plain, monitored = run_case(case, tmp_path)
     check(case, plain, monitored)
+
+
+@pytest.mark.parametrize("case", inside_cases(), ids=lambda c: c.id)
+def test_recording_the_inside_of_the_model_never_changes_training(case, tmp_path):
+    plain, monitored = run_case(case, tmp_path)
+    check(case, plain, monitored)
+    tags = set(monitored.run.tags())
+    assert any(t.startswith("param/") and t.endswith("_zero_frac") for t in tags), case.id
+    assert any(t.startswith("act/") for t in tags), case.id
+    if case.loop == "pynative":  # hooks run there; compiled steps record no act_grad
+        assert any(t.startswith("act_grad/") for t in tags), case.id
 
 
 @pytest.mark.parametrize("case", FOUND, ids=lambda c: c.id)

@@ -200,3 +200,20 @@ def test_an_optimizers_other_series_are_grouped_by_what_they_measure():
         ("param moment1_norm · netd", "param"),
     ]
     assert charts[0].labels == ("netd foo", "netg foo")
+
+
+def test_activations_chart_one_per_statistic_after_param():
+    tags = ["train/loss", "sys/rss", "param/fc1.weight/grad_norm"]
+    for module in ("fc1", "fc2"):
+        for stat in ("norm", "zero_frac"):
+            tags += [f"act/{module}/{stat}", f"act_grad/{module}/{stat}"]
+    charts = plan_charts(tags, placeholders=False)
+    rest = [(c.title, c.group, c.tags) for c in charts if c.group != "train"]
+    assert rest == [
+        ("param grad_norm", "param", ("param/fc1.weight/grad_norm",)),
+        ("act norm", "act", ("act/fc1/norm", "act/fc2/norm")),
+        ("act zero_frac", "act", ("act/fc1/zero_frac", "act/fc2/zero_frac")),
+        ("act_grad norm", "act_grad", ("act_grad/fc1/norm", "act_grad/fc2/norm")),
+        ("act_grad zero_frac", "act_grad", ("act_grad/fc1/zero_frac", "act_grad/fc2/zero_frac")),
+        ("sys/", "sys", ("sys/rss",)),
+    ]

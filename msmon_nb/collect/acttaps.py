@@ -1,0 +1,148 @@
+"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells): each
+selected module's output summarised in the graph, on collected steps only.
+
+No Python hook runs inside a graph, so the statistics are compiled into it, the way the
+optimizer tap (``collect.graph``) compiles the gradient norm: each selected module's
+class is swapped, for the watch's lifetime, for a subclass whose ``construct`` runs the
+original (called as a bound method, as ``collect.graph._tapped`` calls an optimizer's),
+then, while the ``on`` flag is 1, assigns ``[norm, max_abs, mean, nonfinite, zero_frac]``
+of the output (``metrics.extent.ACT_STATS``) to a Parameter of ours and passes the output
+on unchanged (``ops.depend`` on a scalar token, as the optimizer tap does: the output's
+own value never goes through a branch). The flag is written in place before each step
+(``graph.write_scalar``): on a step that is not collected the branch computes nothing.
+
+The statistics are reduced in float64 on the CPU (its kernels take it), so that they
+match a float64 reference up to summation order; float32 elsewhere. A class swap leaves
+the cell tree, the Parameters and their names as they were (a wrapper cell would rename
+``parameters_and_names()``, which checkpoints use); ``uninstall`` swaps the classes back.
+Which graphs compile with the swapped classes, and that they are dropped after, is
+``collect.recompile``'s business: they hold the optimizer tap too, and our Parameters
+are named ``msmon_*``.
+
+Cost, not yet what it should be: the branch itself slows every step, collected or not.
+``Model.train`` of the bench MLP (784-512-512-10, Adam, GRAPH_MODE, 2.10, three Dense
+layers tapped, 8 rounds on a loaded 2-core VM): plain 9.2 ms a step; taps in, flag never
+set 11.5 ms (1.19x); flag always set 20.8 ms in float64, 16.2 ms in float32.
+``bench/overhead.py --only activations``: every 10th step 1.18x the core monitor (IQR
+1.00-1.34). The ops are few and small, so launch overhead and the control flow inside a
+differentiated forward pass are the likely cost; compiling the step twice (with and
+without the taps) and choosing the graph by the collect decision, instead of branching
+inside one, would leave steps that are not collected exactly the plain graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+
+from msmon_nb.collect.graph import tap_scalar, write_scalar
+from msmon_nb.collect.values import param_tag
+from msmon_nb.metrics.extent import ACT_STATS
+
+_ONE = Tensor(1, ms.int32)
+_ZERO = Tensor(0, ms.int32)
+_SERIAL = itertools.count()
+
+
+def _stats(x: Any, wide: Any, serial: Any) -> Any:
+    """``ACT_STATS`` of ``x`` and ``serial`` as one vector; graph syntax."""
+    x = ops.cast(x, wide)
+    norm = ops.sqrt(ops.reduce_sum(x * x))
+    top = ops.reduce_max(ops.abs(x))
+    mean = ops.reduce_mean(x)
+    bad = ops.reduce_sum(ops.cast(ops.logical_not(ops.isfinite(x)), wide))
+    zero = ops.reduce_mean(ops.cast(ops.equal(x, 0), wide))
+    return ops.stack([norm, top, mean, bad, zero, ops.cast(serial, wide)])
+
+
+def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, wide: Any) -> type:
+    """A subclass of ``cls`` whose ``construct`` also stores its output's statistics."""
+
+    # MindSpore parses this function's source: plain graph syntax, closure variables
+    def construct(self, *inputs):
+        out = self._msmon_act_inner(*inputs)
+        first = out[0] if isinstance(out, tuple) else out
+        if on > 0:
+            # the count after this module's run goes with its statistics: the host
+            # takes a module's values only when that serial moved (a graph compiled
+            # before the taps, or a module the step did not run, leaves it still)
+            serial = ops.assign_add(count, _ONE)
+            token = ops.depend(_ONE, ops.assign(store, _stats(first, wide, serial)))
+        else:
+            token = _ZERO
+        return ops.depend(out, token)
+
+    body = {"construct": construct, "_msmon_act_inner": cls.construct, "_msmon_act_of": cls}
+    return type(cls.__name__, (cls,), body)
+
+
+class GraphActivations:
+    """The swapped classes of one watch's selected modules, their Parameters and flag."""
+
+    def __init__(self, modules: Sequence[tuple[str, Any]]) -> None:
+        cpu = ms.get_context("device_target") == "CPU"
+        self.dtype = np.float64 if cpu else np.float32
+        wide = ms.float64 if cpu else ms.float32
+        self.on = tap_scalar("msmon_act_on", 0, ms.int32)
+        # statistics vectors the graphs computed: a module's branch adds 1 when it runs,
+        # so that a test can count that steps not collected compute none
+        self.count = tap_scalar("msmon_act_count", 0, ms.int32)
+        self._on = False
+        self.stores: dict[str, Parameter] = {}
+        self.swapped: list[tuple[Any, type, type]] = []  # (cell, its class, the tapped one)
+        for path, cell in modules:
+            store = Parameter(
+                Tensor(np.zeros(len(ACT_STATS) + 1, self.dtype)),
+                name=f"msmon_act_{next(_SERIAL)}",
+                requires_grad=False,
+            )
+            self.stores[f"act/{param_tag(path)}"] = store
+            original = type(cell)
+            self.swapped.append(
+                (cell, original, _tapped_class(original, store, self.on, self.count, wide))
+            )
+        self.install()
+        self.reads = 0  # collected steps read
+        self.serials: dict[str, float] = {}  # prefix -> the serial its values had last read
+
+    def set_collect(self, collect: bool) -> None:
+        """Compute the statistics in the coming graph runs or not (a write on a change)."""
+        if collect != self._on:
+            write_scalar(self.on, int(collect))
+            self._on = collect
+
+    def take(self) -> dict[str, float]:
+        """The last collected run's ``{tag: value}`` (read after the step: ``asnumpy``
+        waits for the graph that writes them)."""
+        self.reads += 1
+        out: dict[str, float] = {}
+        for prefix, store in self.stores.items():
+            values = store.asnumpy().astype(np.float64)
+            serial = float(values[-1])
+            if serial <= self.serials.get(prefix, 0.0):
+                continue  # not computed since the last read: stale, not this step's
+            self.serials[prefix] = serial
+            for stat, value in zip(ACT_STATS, values[:-1], strict=True):
+                out[f"{prefix}/{stat}"] = float(value)
+        return out
+
+    def computed(self) -> int:
+        """How many statistics vectors the graphs computed so far (``count``)."""
+        return int(self.count.asnumpy())
+
+    def install(self) -> None:
+        """Every selected cell takes its tapped class (again: a train cell's graph
+        compiled with them is reused by the next ``Model.train`` call, and whatever
+        compiles it anew must see them too)."""
+        for cell, _, tapped in self.swapped:
+            cell.__class__ = tapped
+
+    def uninstall(self) -> None:
+        """Every swapped cell gets its own class back."""
+        for cell, original, _ in reversed(self.swapped):
+            cell.__class__ = original
