@@ -30,6 +30,19 @@ SAMPLES = 200
 BATCH = 16
 
 
+def config(out: Path):
+    """Both monitored arms' config: scalars every step, ``param_stats`` where passed."""
+    import msmon_nb as mm
+
+    metrics = ["loss", "grad_norm", "learning_rate", "throughput", "step_time"]
+    return mm.MonitorConfig(
+        save_dir=str(out),
+        run_name="long",
+        log_interval=1,
+        track_metrics=[*metrics, "global_step", "param_stats"],
+    )
+
+
 def rss() -> int:
     """This process's resident set, bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -105,14 +118,7 @@ def synthetic(out: Path, steps: int, sample, done: list[int]) -> None:
     every = max(1, steps // SAMPLES)
     rng = np.random.default_rng(0)
     params = [rng.normal(size=(32, 16)).astype(np.float32), np.zeros(32, np.float32)]
-    metrics = ["loss", "grad_norm", "learning_rate", "throughput", "step_time"]
-    cfg = mm.MonitorConfig(
-        save_dir=str(out),
-        run_name="long",
-        log_interval=1,
-        track_metrics=[*metrics, "global_step", "param_stats"],
-    )
-    with mm.Monitor(cfg) as mon:
+    with mm.Monitor(config(out)) as mon:
         for i in range(steps):
             mon.step(
                 loss=1.0 / (1 + i * 1e-4),
@@ -131,14 +137,7 @@ def monitored(train_step, x, y, params, out: Path, steps: int, sample, done: lis
     import msmon_nb as mm
 
     every = max(1, steps // SAMPLES)
-    metrics = ["loss", "grad_norm", "learning_rate", "throughput", "step_time"]
-    cfg = mm.MonitorConfig(
-        save_dir=str(out),
-        run_name="long",
-        log_interval=1,
-        track_metrics=[*metrics, "global_step", "param_stats"],
-    )
-    with mm.Monitor(cfg) as mon:
+    with mm.Monitor(config(out)) as mon:
         for i in range(steps):
             loss, grads = train_step(x, y)
             mon.step(
