@@ -63,6 +63,9 @@ class Part:
     data_secs: float = 0.0  # waiting for data before it, and its own compute time
     compute_secs: float = 0.0
     ended: float | None = None  # perf_counter() when it returned
+    # held while the loop's shape was unknown: taken as collected then (the step count
+    # stood still), so its own step decides when it is recorded as a plain step
+    held: bool = False
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Parts:
             return self._iterate(part)
         if self.hold_first and self._plain == 0 and len(self._held) < HOLD:
             # the next part of another optimizer tells (a critic may step k times first)
+            part.held = True
             self._held.append(part)
             return []
         out = [[p] for p in (*self._held, part)]

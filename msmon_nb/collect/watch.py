@@ -949,7 +949,8 @@ class Watch:
             rec.add_timing(part.data_secs, part.compute_secs)
         last = parts[-1]
         if not self._parts.multi:
-            rec.record_step(last.inputs, collect=last.collect, ended=last.ended)
+            collect = last.collect and (not last.held or rec.will_collect(rec.step_count))
+            rec.record_step(last.inputs, collect=collect, ended=last.ended)
             return
         collect = parts[0].collect
         extra = None
