@@ -57,6 +57,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,13 @@ def data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(size=(n, 784)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
-def functional(steps: int, rounds: int, base: str) -> None:
+def pynative_loop(steps: int, make_opt: Callable[[list], Any]) -> Callable[[], float]:
+    """A ``value_and_grad`` + optimizer loop on the bench MLP in PyNative, warmed up: a
+    function that times ``steps`` of it."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = mlp()
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    opt = make_opt(net.trainable_params())
     grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
     x, y = data(64 * 8)
     batches = [(ms.Tensor(x[i : i + 64]), ms.Tensor(y[i : i + 64])) for i in range(0, 512, 64)]
@@ -139,6 +142,13 @@ def functional(steps: int, rounds: int, base: str) -> None:
         return time.perf_counter() - t0
 
     block()  # warm up
+    return block
+
+
+def functional(steps: int, rounds: int, base: str) -> None:
+    block = pynative_loop(
+        steps, lambda params: nn.Momentum(params, learning_rate=0.01, momentum=0.9)
+    )
     every = Monitor(save_dir=base, run_name="every_step", log_interval=1)
     tenth = Monitor(save_dir=base, run_name="every_10th", log_interval=10)
     off = Monitor(save_dir=base, run_name="every_blame_off", log_interval=1, blame=NO_BLAME)
@@ -205,23 +215,7 @@ def functional(steps: int, rounds: int, base: str) -> None:
 
 def activations_cost(steps: int, rounds: int, base: str) -> None:
     """Section 4 of the module docstring."""
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = mlp()
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = nn.Adam(net.trainable_params(), learning_rate=1e-4)
-    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
-    x, y = data(64 * 8)
-    batches = [(ms.Tensor(x[i : i + 64]), ms.Tensor(y[i : i + 64])) for i in range(0, 512, 64)]
-
-    def block() -> float:
-        t0 = time.perf_counter()
-        for i in range(steps):
-            loss, grads = grad_fn(*batches[i % len(batches)])
-            opt(grads)
-        float(loss.asnumpy())
-        return time.perf_counter() - t0
-
-    block()
+    block = pynative_loop(steps, lambda params: nn.Adam(params, learning_rate=1e-4))
     core = ["loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"]
     kinds = ["norm", "max_abs", "nonfinite", "zero_frac"]
     arms = {
