@@ -113,36 +113,36 @@ def synthetic(out: Path, steps: int, sample, done: list[int]) -> None:
     ~10x the steps per second, so its own state is followed through a million steps."""
     import numpy as np
 
-    import msmon_nb as mm
-
-    every = max(1, steps // SAMPLES)
     rng = np.random.default_rng(0)
     params = [rng.normal(size=(32, 16)).astype(np.float32), np.zeros(32, np.float32)]
-    with mm.Monitor(config(out)) as mon:
-        for i in range(steps):
-            mon.step(
-                loss=1.0 / (1 + i * 1e-4),
-                grad_norm=0.5 + (i % 10) * 0.01,
-                lr=0.01,
-                batch_size=BATCH,
-                params=params if i % PARAM_EVERY == 0 else None,
-            )
-            done[0] = i + 1
-            if i % every == 0:
-                sample(i)
+
+    def inputs(i: int) -> dict:
+        return {"loss": 1.0 / (1 + i * 1e-4), "grad_norm": 0.5 + (i % 10) * 0.01}
+
+    run(out, steps, params, inputs, sample, done)
 
 
 def monitored(train_step, x, y, params, out: Path, steps: int, sample, done: list[int]) -> None:
     """The loop under a ``Monitor`` (a Ctrl-C closes its run as interrupted)."""
+
+    def inputs(_: int) -> dict:
+        loss, grads = train_step(x, y)
+        return {"loss": loss, "grads": grads}
+
+    run(out, steps, params, inputs, sample, done)
+
+
+def run(out: Path, steps: int, params, inputs, sample, done: list[int]) -> None:
+    """Both monitored arms' loop: step ``i``'s ``inputs(i)`` (loss and gradients or
+    their norm) with the lr, batch size and, every ``PARAM_EVERY`` steps, ``params``;
+    the RSS sampled ``SAMPLES`` times."""
     import msmon_nb as mm
 
     every = max(1, steps // SAMPLES)
     with mm.Monitor(config(out)) as mon:
         for i in range(steps):
-            loss, grads = train_step(x, y)
             mon.step(
-                loss=loss,
-                grads=grads,
+                **inputs(i),
                 lr=0.01,
                 batch_size=BATCH,
                 params=params if i % PARAM_EVERY == 0 else None,
