@@ -25,7 +25,6 @@ class Broadcaster:
     def __init__(self, keep: int = 1000) -> None:
         self._events: collections.deque[tuple[int, str, Any]] = collections.deque(maxlen=keep)
         self._seq = 0
-        self._dropped = 0  # the newest sequence number no longer held
         self._cond = threading.Condition()
         self.epoch = secrets.token_hex(4)
         self.closed = False
@@ -49,15 +48,15 @@ class Broadcaster:
             return None
         after = int(seq)
         with self._cond:
-            if after > self._seq or after < self._dropped:
+            # the newest event no longer held: the one before the oldest held
+            dropped = self._events[0][0] - 1 if self._events else self._seq
+            if after > self._seq or after < dropped:
                 return None
             return after
 
     def publish(self, kind: str, data: Any) -> int:
         """Add one event and wake every waiting client; returns its sequence number."""
         with self._cond:
-            if len(self._events) == self._events.maxlen:
-                self._dropped = self._events[0][0]
             self._seq += 1
             self._events.append((self._seq, kind, data))
             self._cond.notify_all()
