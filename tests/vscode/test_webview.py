@@ -311,6 +311,12 @@ def test_the_panel_is_live_in_vs_codes_widget_manager_and_stops_from_the_termina
 WATCH_JS = """() => {
   window.msmonHintAt = null;
   window.msmonAnswers = [];
+  // when the user's click (or a field's change) reached the page, from the page's own
+  // listener: a clock read after the action returned can come after a fast answer
+  window.msmonActedAt = null;
+  for (const kind of ['click', 'change']) {
+    document.addEventListener(kind, () => { window.msmonActedAt = performance.now(); }, true);
+  }
   let last = '';
   setInterval(() => {
     const hint = document.querySelector('.msmon-hint');
@@ -349,14 +355,19 @@ def interactive_window_code(cell: str) -> str:
 
 
 def click(page: Any, cmd: str, value: int | None = None) -> float:
-    """The panel's control for ``cmd``, as a user works it; the page's clock right after."""
+    """The panel's control for ``cmd``, as a user works it; the page's clock when the click
+    (or the field's change) reached it (WATCH_JS's listener: a clock read after the action
+    returns can come after an answer that fast, which then never counts as one)."""
     where = f'.msmon-panel [data-cmd="{cmd}"]'
+    page.evaluate("window.msmonActedAt = null")
     if value is None:
         page.click(where)
     else:
         page.fill(where, str(value))
         page.dispatch_event(where, "change")
-    return page.evaluate("performance.now()")
+    acted = page.evaluate("window.msmonActedAt")
+    assert acted is not None, f"the {cmd} control's action did not reach the page"
+    return acted
 
 
 def answer(page: Any, clicked: float, prefix: str, timeout: float = 10.0) -> tuple[str, float]:
