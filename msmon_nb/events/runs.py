@@ -338,6 +338,16 @@ class Run:
         """
         return TagList(self._tags("scalar", None), self._tags)
 
+    def recorded_tags(self) -> list[str]:
+        """Scalar tags in the order first recorded (file order, lowest rank first):
+        ``tags`` is sorted, which loses the forward order of activations' modules (the
+        heatmap's rows, ``metrics.charts``)."""
+        self._load()
+        seen: dict[str, None] = {}
+        for rank in sorted(self._ranks):
+            seen.update(dict.fromkeys(self._ranks[rank].scalars))
+        return list(seen)
+
     def _tags(self, kind: str = "scalar", rank: int | None = None) -> list[str]:
         data = self._rank(rank)
         if kind == "scalar":

@@ -1,10 +1,18 @@
 """Which charts a run's series make, in which order: the one chart plan of every page.
 
 The core charts (loss, grad_norm, learning_rate, throughput, step time), then the rest
-grouped by prefix: the other ``train/`` tags, ``opt/``, ``val/``, ``param/``, ``act/`` and
-``act_grad/`` (one chart per kind or statistic, a line per parameter or module), ``sys/``,
-then user prefixes, alphabetical inside a group. Counters
+grouped by prefix: the other ``train/`` tags, ``opt/``, ``val/``, ``param/`` (one chart
+per kind, a line per parameter), ``act/`` and ``act_grad/`` (one heatmap each, see below),
+``sys/``, then user prefixes, alphabetical inside a group. Counters
 (``train/global_step``) and snapshot stats are not charted.
+
+Activations are a heatmap, not lines: 20 modules x 5 statistics made 100 lines nobody
+could read. ``act/`` (and ``act_grad/``) is one chart of ``kind: "heatmap"``: a row per
+module in the order its tags were first recorded (the forward order: a PyNative step's
+hooks record modules as they run, a compiled step in the network's cell order), a column
+per collected step, one statistic at a time (``stats``; the page's selector, ``norm``
+first). Its ``tags`` hold every series of the group, row after row, so the panel sends
+them all; no per-module line chart is planned beside it.
 
 Two or more optimizers stepping in one iteration (a GAN's D and G) write their own series,
 ``opt/<name>/<metric>``, and no whole-step ``train/loss``/``grad_norm``/``learning_rate``
@@ -46,8 +54,22 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
 _GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys")
-# per-module groups drawn as one chart per statistic, a line per module/parameter
-_PER_STAT = ("param/", "act/", "act_grad/")
+# per-parameter groups drawn as one chart per statistic, a line per parameter
+_PER_STAT = ("param/",)
+# per-module groups drawn as one heatmap each: module x step, one statistic at a time
+HEATMAP_PREFIXES = ("act/", "act_grad/")
+HEATMAP_TITLES = {
+    "act/": "activations (module x step)",
+    "act_grad/": "activation gradients (module x step)",
+}
+# a heatmap's statistics in this order (``metrics.extent.ACT_STATS``, which needs numpy:
+# a test keeps the two equal), any other after them, alphabetical
+HEATMAP_STATS = ("norm", "max_abs", "mean", "nonfinite", "zero_frac")
+HEATMAP_NOTE = (
+    "a row per module, in the order first recorded (forward order); a column per collected "
+    "step (long runs: each column the largest value of its steps); colour: log scale where "
+    "the statistic is positive; red cells: non-finite, or the module's nonfinite count > 0"
+)
 OPT_PREFIX = "opt/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
@@ -74,6 +96,11 @@ class Chart:
     group: str = "train"
     labels: tuple[str, ...] = ()
     note: str = ""
+    # "line", or "heatmap": ``rows`` (modules, top to bottom) x steps, one of ``stats``
+    # drawn at a time; the tag of a cell is ``<group>/<row>/<stat>``
+    kind: str = "line"
+    rows: tuple[str, ...] = ()
+    stats: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -81,7 +108,10 @@ class Chart:
 
     @property
     def log(self) -> bool:
-        """Drawn on a log y axis unless the user picks linear (grad_norm, loss scale)."""
+        """Drawn on a log y axis unless the user picks linear (grad_norm, loss scale); a
+        heatmap's colours are log wherever its statistic is positive."""
+        if self.kind == "heatmap":
+            return True
         return any(_home(base_tag(k)) in LOG_BY_DEFAULT for k in self.tags)
 
     def label(self, key: str) -> str:
@@ -89,14 +119,19 @@ class Chart:
         return self.labels[self.tags.index(key)]
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "title": self.title,
             "tags": list(self.tags),
             "labels": list(self.labels),
             "note": self.note,
             "log": self.log,
             "group": self.group,
+            "kind": self.kind,
         }
+        if self.kind == "heatmap":
+            out["rows"] = list(self.rows)
+            out["stats"] = list(self.stats)
+        return out
 
 
 def base_tag(key: str) -> str:
@@ -215,7 +250,13 @@ def plan_charts(tags: list[str], placeholders: bool = True) -> list[Chart]:
         if tag in _CORE or tag in in_core or tag in _NOT_CHARTED or tag.startswith("snap/"):
             continue
         groups.setdefault(_chart_key(tag), []).append(tag)
+    first_seen = {}
+    for key in tags:
+        first_seen.setdefault(base_tag(key), len(first_seen))
     for key, members in groups.items():
+        if key in HEATMAP_PREFIXES:
+            charts.append(_heatmap(key, members, by_base, first_seen))
+            continue
         keys = [k for tag in members for k in by_base[tag]]
         title = key
         if len(members) > MAX_LINES:
@@ -230,6 +271,46 @@ def plan_charts(tags: list[str], placeholders: bool = True) -> list[Chart]:
     return charts
 
 
+def _heatmap(
+    prefix: str, members: list[str], by_base: dict[str, list[str]], first_seen: dict[str, int]
+) -> Chart:
+    """The heatmap of one per-module group: rows in the order the modules' tags came
+    first in the caller's list (the panel's series in recording order, the viewer's in
+    file order: the forward order), stats in ``HEATMAP_STATS`` order."""
+    cells: dict[str, dict[str, str]] = {}
+    for tag in sorted(members, key=lambda t: first_seen.get(t, len(first_seen))):
+        row, _, stat = tag[len(prefix) :].rpartition("/")
+        cells.setdefault(row or stat, {})[stat] = tag
+    known = {stat for row in cells.values() for stat in row}
+    stats = [s for s in HEATMAP_STATS if s in known] + sorted(known - set(HEATMAP_STATS))
+    keys = [k for row in cells.values() for s in stats if s in row for k in by_base[row[s]]]
+    group = prefix.rstrip("/")
+    return Chart(
+        HEATMAP_TITLES.get(prefix, f"{group} (module x step)"),
+        tuple(keys),
+        group,
+        note=HEATMAP_NOTE,
+        kind="heatmap",
+        rows=tuple(cells),
+        stats=tuple(stats),
+    )
+
+
+def as_lines(chart: Chart) -> Chart:
+    """A heatmap as the line chart of its first statistic, its first ``MAX_LINES``
+    modules (the title says so): the kernel's matplotlib pictures draw lines only."""
+    if chart.kind != "heatmap" or not chart.stats:
+        return chart
+    stat = chart.stats[0]
+    prefix = chart.group + "/"
+    keys = [k for k in chart.tags if base_tag(k).rpartition("/")[2] == stat]
+    keys = [k for k in keys if base_tag(k)[len(prefix) :].rpartition("/")[0] in chart.rows]
+    title = f"{chart.group} {stat}"
+    if len(chart.rows) > MAX_LINES:
+        title = f"{title} (first {MAX_LINES} of {len(chart.rows)})"
+    return Chart(title, tuple(keys[:MAX_LINES]), chart.group)
+
+
 def _group_order(tag: str) -> tuple[tuple[int, str], str, str]:
     home = _home(tag)
     return _group_rank(_group_of(home)), home, tag
@@ -241,9 +322,12 @@ def _chart_key(tag: str) -> str:
     if home in _OWN_CHART:
         return _OWN_CHART[home]
     if home.startswith(_PER_STAT):
-        # param grad_norm / weight_norm / moment1_norm..., act norm / act zero_frac...:
-        # one chart per kind, a line per parameter or module
+        # param grad_norm / weight_norm / moment1_norm...: one chart per kind, a line
+        # per parameter
         return home.split("/", 1)[0] + " " + home.rsplit("/", 1)[-1]
+    for prefix in HEATMAP_PREFIXES:
+        if home.startswith(prefix):
+            return prefix
     return tag.split("/", 1)[0] + "/" if "/" in tag else tag
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from msmon_nb.metrics.charts import Chart, base_tag, plan_charts
+from msmon_nb.metrics.charts import Chart, as_lines, base_tag, plan_charts
 from msmon_nb.metrics.decimate import Decimator, downsample, ema
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
@@ -291,7 +291,8 @@ class ChartRenderer:
         picture (``deferred``; clipping new data to old axes would hide what matters)
         while the others are updated. None when even the figure cannot be drawn.
         """
-        charts = plan_charts(list(series))
+        # a heatmap is drawn in the browser; a picture shows its first statistic as lines
+        charts = [as_lines(c) for c in plan_charts(list(series))]
         if [c.tags for c in charts] != [c.tags for c in self.charts] or self._figure is None:
             if self._figure is not None and self._too_dear(len(charts), layout_budget):
                 return None

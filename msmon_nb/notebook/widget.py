@@ -39,10 +39,13 @@ def _joined(*paths: Path) -> str:
 class PanelWidget(anywidget.AnyWidget):
     """Front end of one panel. ``handler(content)`` receives the page's messages."""
 
-    # uPlot's IIFE build defines a module-scoped ``var uPlot``, chart.js its top-level
-    # classes and functions: one module, no import map, no CDN
+    # uPlot's IIFE build defines a module-scoped ``var uPlot``, chart.js and heatmap.js
+    # their top-level classes and functions: one module, no import map, no CDN
     _esm = _joined(
-        CHART_ASSETS / "uPlot.iife.min.js", CHART_ASSETS / "chart.js", STATIC / "panel.js"
+        CHART_ASSETS / "uPlot.iife.min.js",
+        CHART_ASSETS / "chart.js",
+        CHART_ASSETS / "heatmap.js",
+        STATIC / "panel.js",
     )
     _css = _joined(CHART_ASSETS / "uPlot.min.css", CHART_ASSETS / "chart.css", STATIC / "panel.css")
     title = traitlets.Unicode("").tag(sync=True)

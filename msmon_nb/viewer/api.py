@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.diagnose.alert import with_chart
-from msmon_nb.metrics.charts import plan_charts
+from msmon_nb.metrics.charts import HEATMAP_PREFIXES, plan_charts
 from msmon_nb.metrics.decimate import (
     downsample,
     downsample_band,
@@ -81,8 +81,9 @@ def runs(store: RunStore, query: Mapping[str, list[str]]) -> Any:
 def charts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     """``/api/charts?run=A[&run=B...]``: the charts of those runs' tags together, in the
     order the notebook panel draws them (``msmon_nb.metrics.charts.plan_charts``):
-    ``[{title, tags, labels, note, log, group}]`` (``labels``: each tag's legend text, an
-    optimizer's series named by its optimizer; ``note``: the title's hover text)."""
+    ``[{title, tags, labels, note, log, group, kind}]`` (``labels``: each tag's legend
+    text, an optimizer's series named by its optimizer; ``note``: the title's hover text;
+    ``kind: "heatmap"`` adds ``rows`` and ``stats``, docs/PROTOCOL.md)."""
     names = query.get("run") or []
     if not names:
         raise ApiError(400, "missing query parameter 'run' (one or more), e.g. run=my_run")
@@ -91,6 +92,16 @@ def charts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
     if missing:
         raise ApiError(404, f"no run {missing[0]!r} under {store.base}")
     tags = sorted({t for n in names for t in listed[n]["tags"]})
+    if any(t.startswith(HEATMAP_PREFIXES) for t in tags):
+        # a heatmap's rows follow the order its modules were first recorded in (forward
+        # order), which the sorted listing lost: that order first, the rest after it
+        recorded: dict[str, None] = {}
+        for name in names:
+            entry = store.run(name)
+            with entry.lock:
+                order = getattr(entry.run, "recorded_tags", None)
+                recorded.update(dict.fromkeys(order() if order else []))
+        tags = [t for t in recorded if t in set(tags)] + [t for t in tags if t not in recorded]
     return [chart.as_json() for chart in plan_charts(tags, placeholders=False)]
 
 

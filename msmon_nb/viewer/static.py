@@ -32,7 +32,7 @@ _TYPES = {
     ".css": "text/css; charset=utf-8",
 }
 # the chart component's files, served under /vendor/ (no-cache, like the page's own)
-SHARED = ("uPlot.iife.min.js", "uPlot.min.css", "chart.js", "chart.css")
+SHARED = ("uPlot.iife.min.js", "uPlot.min.css", "chart.js", "heatmap.js", "chart.css")
 
 
 class MissingAsset(RuntimeError):

@@ -1,6 +1,12 @@
 """The one chart plan: the same charts, titles and order for the panel and the viewer."""
 
-from msmon_nb.metrics.charts import MAX_LINES, plan_charts, replaced_by_optimizers
+from msmon_nb.metrics.charts import (
+    HEATMAP_STATS,
+    MAX_LINES,
+    as_lines,
+    plan_charts,
+    replaced_by_optimizers,
+)
 
 
 def titles(tags, placeholders=True):
@@ -202,18 +208,41 @@ def test_an_optimizers_other_series_are_grouped_by_what_they_measure():
     assert charts[0].labels == ("netd foo", "netg foo")
 
 
-def test_activations_chart_one_per_statistic_after_param():
+def test_activations_are_one_heatmap_per_prefix_rows_in_recorded_order():
+    """act/ and act_grad/ are a heatmap each (no line per module and statistic): rows in
+    the order the modules' tags came first (the forward order: fc2 was recorded before
+    fc1 here), statistics in the extent module's order, every series among its tags."""
+    from msmon_nb.metrics.extent import ACT_STATS
+
     tags = ["train/loss", "sys/rss", "param/fc1.weight/grad_norm"]
-    for module in ("fc1", "fc2"):
-        for stat in ("norm", "zero_frac"):
+    for module in ("fc2", "fc1", "layers.10"):
+        for stat in ("zero_frac", "norm"):
             tags += [f"act/{module}/{stat}", f"act_grad/{module}/{stat}"]
     charts = plan_charts(tags, placeholders=False)
-    rest = [(c.title, c.group, c.tags) for c in charts if c.group != "train"]
+    rest = [(c.title, c.group, c.kind) for c in charts if c.group != "train"]
     assert rest == [
-        ("param grad_norm", "param", ("param/fc1.weight/grad_norm",)),
-        ("act norm", "act", ("act/fc1/norm", "act/fc2/norm")),
-        ("act zero_frac", "act", ("act/fc1/zero_frac", "act/fc2/zero_frac")),
-        ("act_grad norm", "act_grad", ("act_grad/fc1/norm", "act_grad/fc2/norm")),
-        ("act_grad zero_frac", "act_grad", ("act_grad/fc1/zero_frac", "act_grad/fc2/zero_frac")),
-        ("sys/", "sys", ("sys/rss",)),
+        ("param grad_norm", "param", "line"),
+        ("activations (module x step)", "act", "heatmap"),
+        ("activation gradients (module x step)", "act_grad", "heatmap"),
+        ("sys/", "sys", "line"),
     ]
+    act = charts[-3]
+    assert act.rows == ("fc2", "fc1", "layers.10")
+    assert act.stats == ("norm", "zero_frac")
+    assert act.tags == tuple(f"act/{m}/{s}" for m in act.rows for s in act.stats)
+    spec = act.as_json()
+    assert (spec["kind"], spec["rows"], spec["stats"], spec["log"]) == (
+        "heatmap",
+        ["fc2", "fc1", "layers.10"],
+        ["norm", "zero_frac"],
+        True,
+    )
+    assert "rows" not in charts[0].as_json() and charts[0].as_json()["kind"] == "line"
+    assert HEATMAP_STATS == ACT_STATS
+    # the kernel's pictures draw lines: the first statistic, MAX_LINES modules at most
+    lines = as_lines(act)
+    assert (lines.kind, lines.title, lines.tags) == (
+        "line",
+        "act norm",
+        ("act/fc2/norm", "act/fc1/norm", "act/layers.10/norm"),
+    )

@@ -130,7 +130,7 @@ def test_the_panel_and_api_charts_plan_a_run_in_one_shape(tmp_path, serve):
     status, api_charts = client.json(q("/api/charts", run="gan"))
     assert status == 200
     assert {tuple(sorted(c)) for c in panel_charts + api_charts} == {
-        ("group", "labels", "log", "note", "tags", "title")
+        ("group", "kind", "labels", "log", "note", "tags", "title")
     }
     assert panel_charts == api_charts
     assert ["netd", "netg"] in [c["labels"] for c in api_charts]  # the optimizers' chart

@@ -6,7 +6,8 @@
 // and snapshot table when they changed. This module keeps the points per key, bounded by
 // its own min/max decimation (so a one-step spike always survives), and draws them with
 // the chart component msmon view draws with too (msmon_nb/static/chart.js, prepended to
-// this file with uPlot by the kernel, see widget.py). Smoothing, log/linear, hover, box
+// this file with uPlot by the kernel, see widget.py); a chart of kind "heatmap" (the
+// activations: module x step) with msmon_nb/static/heatmap.js, prepended the same way. Smoothing, log/linear, hover, box
 // zoom and double-click reset happen there with no kernel round trip.
 //
 // Protocol (kernel -> page): {type: "reset" | "append", status, charts?, keys: [key],
@@ -74,6 +75,19 @@ function seriesOf(panel, spec) {
       nonfinite: panel.nonfinite.get(key) || [] });
   });
   return out;
+}
+
+// The rows of a heatmap for its selected statistic, from the panel's points: per module
+// its series, its NaN/Inf marks, and the steps its nonfinite count was above 0.
+function heatRowsOf(panel, chart) {
+  return (chart.spec.rows || []).map((row) => {
+    const key = chart.tagOf(row);
+    const d = panel.data.get(key) || { xs: [], ys: [] };
+    const count = chart.stat === "nonfinite" ? null : panel.data.get(chart.tagOf(row, "nonfinite"));
+    const flagged = [];
+    if (count) count.ys.forEach((v, j) => { if (v > 0) flagged.push(count.xs[j]); });
+    return { row, xs: d.xs, ys: d.ys, nonfinite: panel.nonfinite.get(key) || [], flagged };
+  });
 }
 
 class Panel {
@@ -153,8 +167,9 @@ class Panel {
     this.chartSpecs = specs;
     for (const c of this.charts) c.destroy();
     this.grid.replaceChildren();
-    this.charts = specs.map((s) => new MsmonChart({ title: s.title, tags: s.tags.map(baseTag),
-      log: s.log, note: s.note }));
+    this.charts = specs.map((s) => (s.kind === "heatmap"
+      ? new MsmonHeatmap(s, () => this.draw(this.charts[specs.indexOf(s)], this.chartWidth()))
+      : new MsmonChart({ title: s.title, tags: s.tags.map(baseTag), log: s.log, note: s.note })));
     this.charts.forEach((c, i) => { c.keys = specs[i].tags; c.labels = specs[i].labels; });
     for (const c of this.charts) this.grid.append(c.el);
   }
@@ -419,6 +434,10 @@ class Panel {
   }
 
   draw(chart, width) {
+    if (chart.kind === "heatmap") {
+      chart.set(heatRowsOf(this, chart), { scale: this.scale, width });
+      return;
+    }
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
       severity: a.severity, tag: alertTag(a) }));
     const marks = this.interventions.map(interventionMark).filter(Boolean);

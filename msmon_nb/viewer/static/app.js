@@ -2,7 +2,8 @@
 //
 // The charts are the notebook panel's: planned by the same code (/api/charts, in the
 // panel's order) and drawn by the same component (/vendor/chart.js: MsmonChart, ema,
-// fmtNum, histogramSVG, h), loaded before this file. Data contract (msmon_nb/viewer/api.py): /api/scalars returns min/max-downsampled points;
+// fmtNum, histogramSVG, h; /vendor/heatmap.js: MsmonHeatmap, the activations' module x
+// step chart), loaded before this file. Data contract (msmon_nb/viewer/api.py): /api/scalars returns min/max-downsampled points;
 // a non-finite value is null in `values` and listed in `nonfinite` with its kind, so it is
 // drawn as a marker instead of vanishing. Zooming refetches the visible step range, which
 // the server returns raw once it holds few enough points.
@@ -389,7 +390,8 @@ function syncCharts() {
     const id = chartId(spec);
     let c = state.charts.get(id);
     if (!c) {
-      const chart = new MsmonChart(spec, (range) => onZoom(id, range), 230);
+      const chart = spec.kind === "heatmap" ? new MsmonHeatmap(spec, () => fetchChart(id))
+        : new MsmonChart(spec, (range) => onZoom(id, range), 230);
       chart.el.id = `chart-${spec.tags[0]}`;
       c = { spec, chart, zoom: null, data: new Map() };
       state.charts.set(id, c);
@@ -414,6 +416,7 @@ function scalarsURL(run, tag, zoom, rank = null) {
 async function fetchChart(id, onlyRun = null) {
   const c = state.charts.get(id);
   if (!c) return;
+  if (c.chart.kind === "heatmap") return fetchHeatmap(id, c, onlyRun);
   const zoom = c.zoom;
   const jobs = [];
   for (const run of selectedRuns()) {
@@ -430,6 +433,43 @@ async function fetchChart(id, onlyRun = null) {
   }));
   for (const key of [...c.data.keys()]) if (!state.selected.has(key.split("\t")[0])) c.data.delete(key);
   draw(id);
+}
+
+// A heatmap shows one run (the first selected that has its tags; its lowest rank): the
+// selected statistic's series of every module and their nonfinite counts.
+function heatRun(c) {
+  return selectedRuns().find((r) => c.spec.tags.some((t) => r.tags.includes(t))) || null;
+}
+
+async function fetchHeatmap(id, c, onlyRun) {
+  const run = heatRun(c);
+  if (!run || (onlyRun && run.name !== onlyRun)) return;
+  const tags = c.chart.wanted().filter((t) => run.tags.includes(t));
+  await Promise.all(tags.map(async (tag) => {
+    try {
+      const s = await limited(() => getJSON(scalarsURL(run.name, tag, null)));
+      c.data.set(`${run.name}\t${tag}`, { mode: "single", series: s });
+    } catch (err) {
+      console.warn(`msmon: ${run.name} ${tag}: ${err.message}`);
+    }
+  }));
+  draw(id);
+}
+
+function drawHeatmap(c) {
+  const run = heatRun(c);
+  const chart = c.chart;
+  const get = (tag) => (run ? c.data.get(`${run.name}\t${tag}`)?.series : null);
+  const rows = (c.spec.rows || []).map((row) => {
+    const s = get(chart.tagOf(row));
+    const count = chart.stat === "nonfinite" ? null : get(chart.tagOf(row, "nonfinite"));
+    const flagged = count ? count.steps.filter((_, j) => count.values[j] > 0) : [];
+    if (!s) return { row, xs: [], ys: [], nonfinite: [], flagged };
+    return { row, xs: s.steps, ys: s.values, flagged,
+      nonfinite: s.nonfinite.steps.map((step, j) => [step, s.nonfinite.kinds[j]]) };
+  });
+  chart.set(rows, { scale: state.yscale, width: chartWidth(chart) });
+  chart.setTitleNote(run && state.selected.size > 1 ? run.name : "");
 }
 
 // What one run contributes to a chart: its series, one per rank, or the ranks merged.
@@ -463,6 +503,7 @@ function tagColor(run, spec, tag, alone) {
 function draw(id) {
   const c = state.charts.get(id);
   if (!c) return;
+  if (c.chart.kind === "heatmap") { drawHeatmap(c); return; }
   const series = [];
   let raw = true;
   let points = 0;

@@ -1,0 +1,306 @@
+// msmon_nb heatmap: the activations chart (module x step) of the notebook panel and of
+// `msmon view`, beside chart.js and loaded after it (it uses its h and fmtNum).
+//
+// 20 modules x 5 statistics drawn as lines were 100 lines nobody could read; here a row per
+// module (top to bottom in the plan's order: the forward order), a column per collected
+// step, one statistic at a time (the selector; norm first), colour on a log scale wherever
+// the statistic is positive (linear otherwise: a mean can be negative, a zero share 0).
+// A run longer than the chart has pixels for is thinned like the line charts: each column
+// stands for a range of steps and shows its value of largest magnitude, so a one-step
+// blow-up survives. A cell whose value is NaN/Inf, or whose module's `nonfinite` count is
+// above 0 at that step, is drawn red (no colour of the scale is red); a column the
+// module has no value for stays pale grey.
+//
+// spec: the plan's {title, tags, group, rows, stats, note, kind: "heatmap"} (docs/PROTOCOL.md).
+// onStat(stat): the selector changed; the host then calls set() with that statistic's rows
+// (the viewer fetches them, the panel has them).
+//
+// set(rows, view): rows = [{row, xs, ys, nonfinite: [[step, kind]], flagged: [step]}] for
+// the selected statistic (ys: numbers, null where not finite; `flagged`: steps whose
+// nonfinite count is above 0); view = {scale: "auto" | "log" | "linear", width}.
+//
+// Test contract: the element carries data-kind="heatmap", data-msmon-tag (its first tag),
+// data-last-step, data-stat (the statistic drawn), data-rows, data-cols, data-bad (non-finite cells) and
+// data-version; `element.msmonChart.drawn()` returns what is drawn, with each cell's
+// place on the canvas (CSS px) so a test reads the pixel the user sees.
+
+const MSMON_HEAT_MAX_COLS = 400; // columns at most, whatever the width
+const MSMON_HEAT_BAD = "#d62728"; // non-finite cells
+const MSMON_HEAT_EMPTY = "#eef0f2"; // no value recorded for that module in that column
+// viridis at 0, 0.25, 0.5, 0.75, 1 (matplotlib's): ordered in lightness, and red-free
+const MSMON_HEAT_STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98],
+  [253, 231, 37]];
+
+function heatColor(t) {
+  const x = Math.min(1, Math.max(0, t)) * (MSMON_HEAT_STOPS.length - 1);
+  const i = Math.min(MSMON_HEAT_STOPS.length - 2, Math.floor(x));
+  const f = x - i;
+  const [a, b] = [MSMON_HEAT_STOPS[i], MSMON_HEAT_STOPS[i + 1]];
+  return `rgb(${a.map((v, k) => Math.round(v + (b[k] - v) * f)).join(",")})`;
+}
+
+// The columns of `rows`: each distinct step while they fit in `max`, else `max` equal step
+// ranges. Returns [{lo, hi}] (inclusive) and a step -> column function.
+function heatColumns(rows, max) {
+  const seen = new Set();
+  for (const r of rows) {
+    for (const x of r.xs) seen.add(x);
+    for (const [x] of r.nonfinite || []) seen.add(x);
+    for (const x of r.flagged || []) seen.add(x);
+  }
+  const steps = [...seen].sort((a, b) => a - b);
+  if (steps.length <= max) {
+    const index = new Map(steps.map((s, i) => [s, i]));
+    return { cols: steps.map((s) => ({ lo: s, hi: s })), at: (s) => index.get(s) };
+  }
+  const first = steps[0];
+  const span = steps[steps.length - 1] - first + 1;
+  const width = Math.ceil(span / max);
+  const n = Math.ceil(span / width);
+  const cols = [];
+  for (let i = 0; i < n; i++) cols.push({ lo: first + i * width, hi: first + (i + 1) * width - 1 });
+  return { cols, at: (s) => Math.floor((s - first) / width) };
+}
+
+class MsmonHeatmap {
+  constructor(spec, onStat = null) {
+    this.spec = spec;
+    this.kind = "heatmap";
+    this.tags = [...spec.tags];
+    const stats = spec.stats || [];
+    this.stat = stats.includes("norm") ? "norm" : stats[0];
+    this.onStat = onStat;
+    this.el = h("div", { class: "msmon-chart msmon-heatmap", "data-kind": "heatmap",
+      "data-msmon-tag": spec.tags[0] || spec.title, "data-last-step": "-1",
+      "data-stat": this.stat || "", "data-version": "0" });
+    this.el.msmonChart = this;
+    this.titleEl = h("span", { class: "msmon-chart-title", text: spec.title });
+    if (spec.note) this.titleEl.title = spec.note;
+    this.select = h("select", { class: "msmon-heat-stat", "aria-label": `${spec.title}: statistic` },
+      ...stats.map((s) => h("option", { value: s, text: s })));
+    this.select.value = this.stat;
+    this.select.addEventListener("change", () => {
+      this.stat = this.select.value; // data-stat follows once its rows are drawn
+      if (this.onStat) this.onStat(this.stat);
+    });
+    this.canvas = h("canvas", { class: "msmon-heat-canvas" });
+    this.empty = h("div", { class: "msmon-empty", text: "waiting for data" });
+    this.tip = h("div", { class: "msmon-heat-tip" });
+    this.tip.hidden = true;
+    this.el.append(h("div", { class: "msmon-heat-head" }, this.titleEl, " ", this.select),
+      this.canvas, this.empty, this.tip);
+    this.canvas.addEventListener("mousemove", (ev) => this.hover(ev));
+    this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.rows = [];
+    this.view = { scale: "auto" };
+    this.grid = null;
+    this.version = 0;
+    this.note = "";
+  }
+
+  // the tag of one cell's series: <group>/<module>/<stat>
+  tagOf(row, stat = this.stat) { return `${this.spec.group}/${row}/${stat}`; }
+
+  // the tags a host supplies for the selected statistic: its own and the nonfinite count's
+  wanted() {
+    const out = [];
+    for (const row of this.spec.rows || []) {
+      out.push(this.tagOf(row));
+      if (this.stat !== "nonfinite" && (this.spec.stats || []).includes("nonfinite")) {
+        out.push(this.tagOf(row, "nonfinite"));
+      }
+    }
+    return out.filter((t) => this.tags.includes(t));
+  }
+
+  setTitleNote(note) {
+    this.note = note;
+    this.titleEl.textContent = note ? `${this.spec.title} · ${note}` : this.spec.title;
+  }
+
+  // the cells of the grid: per row, per column, the value of largest magnitude and
+  // whether any step of it was non-finite
+  layout(rows, maxCols) {
+    const { cols, at } = heatColumns(rows, maxCols);
+    const values = rows.map(() => new Array(cols.length).fill(null));
+    const bad = rows.map(() => new Array(cols.length).fill(null));
+    rows.forEach((r, i) => {
+      for (let j = 0; j < r.xs.length; j++) {
+        const v = r.ys[j];
+        if (v == null || !Number.isFinite(v)) continue;
+        const c = at(r.xs[j]);
+        const old = values[i][c];
+        if (old == null || Math.abs(v) > Math.abs(old)) values[i][c] = v;
+      }
+      for (const [x, kind] of r.nonfinite || []) bad[i][at(x)] = String(kind);
+      for (const x of r.flagged || []) {
+        const c = at(x);
+        if (bad[i][c] == null) bad[i][c] = "nonfinite";
+      }
+    });
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const row of values) {
+      for (const v of row) {
+        if (v == null) continue;
+        lo = Math.min(lo, v);
+        hi = Math.max(hi, v);
+      }
+    }
+    const scale = this.view.scale === "linear" || !(lo > 0) ? "linear"
+      : this.view.scale === "log" || this.spec.log !== false ? "log" : "linear";
+    return { cols, values, bad, lo, hi, scale };
+  }
+
+  // where a value sits on the colour scale, 0..1
+  position(v, g) {
+    if (!(g.hi > g.lo)) return 0.5;
+    if (g.scale === "log") return (Math.log10(v) - Math.log10(g.lo)) / (Math.log10(g.hi) - Math.log10(g.lo));
+    return (v - g.lo) / (g.hi - g.lo);
+  }
+
+  set(rows, view = {}) {
+    this.rows = rows;
+    this.view = { ...this.view, ...view };
+    const has = rows.some((r) => r.xs.length || (r.nonfinite || []).length);
+    this.empty.style.display = has ? "none" : "";
+    this.canvas.style.display = has ? "" : "none";
+    const width = Math.max(240, this.view.width || this.el.clientWidth || 420);
+    if (has) this.paint(width);
+    else this.grid = null;
+    let last = -1;
+    for (const r of rows) if (r.xs.length) last = Math.max(last, r.xs[r.xs.length - 1]);
+    this.version += 1;
+    this.el.dataset.lastStep = String(last);
+    this.el.dataset.stat = this.stat || "";
+    this.el.dataset.rows = String(rows.length);
+    this.el.dataset.cols = String(this.grid ? this.grid.cols.length : 0);
+    this.el.dataset.bad = String(this.grid ? this.grid.bad.flat().filter((b) => b != null).length : 0);
+    this.el.dataset.scale = this.grid ? this.grid.scale : "";
+    this.el.dataset.version = String(this.version);
+  }
+
+  paint(width) {
+    const ctx0 = this.canvas.getContext("2d");
+    ctx0.font = "11px sans-serif";
+    const labelW = Math.min(160, 8 + Math.max(30, ...this.rows.map((r) => ctx0.measureText(r.row).width)));
+    const barW = 70; // the colour bar and its values
+    const plotW = Math.max(60, width - labelW - barW - 8);
+    const g = this.layout(this.rows, Math.max(1, Math.min(MSMON_HEAT_MAX_COLS, Math.floor(plotW / 2))));
+    const n = this.rows.length;
+    const cellH = Math.max(6, Math.min(18, Math.floor(200 / Math.max(1, n))));
+    const top = 4;
+    const plotH = cellH * n;
+    const height = top + plotH + 20;
+    const cellW = plotW / Math.max(1, g.cols.length);
+    const dpr = window.devicePixelRatio || 1;
+    this.canvas.width = Math.round(width * dpr);
+    this.canvas.height = Math.round(height * dpr);
+    this.canvas.style.width = `${width}px`;
+    this.canvas.style.height = `${height}px`;
+    const ctx = this.canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    ctx.font = "11px sans-serif";
+    ctx.textBaseline = "middle";
+    const left = labelW;
+    for (let i = 0; i < n; i++) {
+      const y = top + i * cellH;
+      ctx.fillStyle = "#333";
+      ctx.textAlign = "right";
+      let label = this.rows[i].row;
+      while (label.length > 4 && ctx.measureText(label).width > labelW - 8) label = `…${label.slice(2)}`;
+      if (cellH >= 9) ctx.fillText(label, left - 4, y + cellH / 2);
+      for (let j = 0; j < g.cols.length; j++) {
+        const v = g.values[i][j];
+        ctx.fillStyle = g.bad[i][j] != null ? MSMON_HEAT_BAD
+          : v == null ? MSMON_HEAT_EMPTY : heatColor(this.position(v, g));
+        // whole pixels, overlapping by one: no seams between cells
+        const x0 = Math.floor(left + j * cellW);
+        ctx.fillRect(x0, y, Math.max(1, Math.ceil(left + (j + 1) * cellW) - x0), cellH);
+      }
+    }
+    // the step axis: first, middle and last column
+    ctx.fillStyle = "#555";
+    ctx.textBaseline = "top";
+    const marks = [...new Set([0, Math.floor((g.cols.length - 1) / 2), g.cols.length - 1])];
+    for (const j of marks) {
+      ctx.textAlign = j === 0 ? "left" : j === g.cols.length - 1 ? "right" : "center";
+      const x = j === 0 ? left : j === g.cols.length - 1 ? left + plotW : left + (j + 0.5) * cellW;
+      ctx.fillText(String(g.cols[j].lo), x, top + plotH + 4);
+    }
+    // the colour bar: the scale's ends and middle, with their values
+    const bx = left + plotW + 8;
+    const bh = Math.max(plotH, 40);
+    for (let k = 0; k < bh; k++) {
+      ctx.fillStyle = heatColor(1 - k / Math.max(1, bh - 1));
+      ctx.fillRect(bx, top + k, 10, 1);
+    }
+    ctx.fillStyle = "#333";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    const at = (t) => (g.scale === "log"
+      ? 10 ** (Math.log10(g.lo) + t * (Math.log10(g.hi) - Math.log10(g.lo)))
+      : g.lo + t * (g.hi - g.lo));
+    const ticks = Number.isFinite(g.lo) ? [1, 0.5, 0] : [];
+    for (const t of ticks) ctx.fillText(fmtNum(at(t)), bx + 13, top + (1 - t) * (bh - 1));
+    this.grid = { ...g, stat: this.stat, left, top, cellW, cellH, plotW, bar: ticks.map((t) => fmtNum(at(t))) };
+  }
+
+  // the cell under the cursor: module, step (or step range) and value in the tip
+  hover(ev) {
+    const g = this.grid;
+    if (!g) return;
+    const box = this.canvas.getBoundingClientRect();
+    const x = ev.clientX - box.left;
+    const y = ev.clientY - box.top;
+    const i = Math.floor((y - g.top) / g.cellH);
+    const j = Math.floor((x - g.left) / g.cellW);
+    if (i < 0 || i >= this.rows.length || j < 0 || j >= g.cols.length) {
+      this.tip.hidden = true;
+      return;
+    }
+    this.tip.textContent = this.cellText(i, j);
+    this.tip.style.left = `${Math.min(x + 12, box.width - 220)}px`;
+    this.tip.style.top = `${y + 22}px`;
+    this.tip.hidden = false;
+    this.el.dataset.hover = `${i},${j}`;
+  }
+
+  cellText(i, j) {
+    const g = this.grid;
+    const c = g.cols[j];
+    const steps = c.lo === c.hi ? `step ${c.lo}` : `steps ${c.lo}..${c.hi}`;
+    const bad = g.bad[i][j];
+    const v = g.values[i][j];
+    const value = bad != null && bad !== "nonfinite" ? bad
+      : v == null ? "-" : fmtNum(v);
+    const note = bad === "nonfinite" ? " (non-finite values in the output)" : "";
+    return `${this.rows[i].row} · ${steps} · ${g.stat} ${value}${note}`;
+  }
+
+  resize(width) {
+    if (this.grid) this.paint(Math.max(240, width));
+  }
+
+  unzoom() {}
+
+  destroy() { this.grid = null; }
+
+  // what is drawn, for tests: rows, columns, cell values ("nan"/"inf" where marked) and
+  // where each cell is on the canvas (CSS px from the canvas's top left)
+  drawn() {
+    const g = this.grid;
+    if (!g) return { stat: null, rows: this.rows.map((r) => r.row), cols: [], cells: [] };
+    return {
+      stat: g.stat,
+      rows: this.rows.map((r) => r.row),
+      cols: g.cols,
+      cells: g.values.map((row, i) => row.map((v, j) => (g.bad[i][j] != null ? g.bad[i][j] : v))),
+      scale: g.scale,
+      range: [g.lo, g.hi],
+      bar: g.bar,
+      geometry: { left: g.left, top: g.top, cellW: g.cellW, cellH: g.cellH },
+    };
+  }
+}

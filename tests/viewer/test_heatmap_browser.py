@@ -1,0 +1,131 @@
+"""The activations heatmap on the viewer's page, in real headless Chromium, while a real
+tiny MindSpore training (``tests.support.acttrain``) writes its run.
+
+What the user sees is read from the page: one heatmap instead of a line chart per
+module and statistic; a row per module in forward order; a column per collected step,
+more of them as steps arrive; the NaN the data put into ``aux``'s output at ``NAN_STEP``
+drawn red in ``aux``'s row at that step's column (the canvas pixel, not only the data)
+and nowhere else; its hover text; the statistic selector.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from msmon_nb.events.runs import load_run
+from tests.conftest import ROOT
+from tests.support.acttrain import EVERY, NAN_STEP, ROWS, SCRIPT
+from tests.viewer.test_browser import browser, open_page, wait_for  # noqa: F401
+
+STEPS = 60
+HEAT = "#charts .msmon-heatmap"
+DRAWN = f"() => document.querySelector('{HEAT}').msmonChart.drawn()"
+# the colour of the canvas pixel at the centre of cell (row i, column j), as the user sees it
+PIXEL = f"""([i, j]) => {{
+  const chart = document.querySelector('{HEAT}').msmonChart;
+  const g = chart.drawn().geometry;
+  const dpr = window.devicePixelRatio || 1;
+  const x = Math.round((g.left + (j + 0.5) * g.cellW) * dpr);
+  const y = Math.round((g.top + (i + 0.5) * g.cellH) * dpr);
+  return [...chart.canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
+}}"""
+RED = [214, 39, 40]  # heatmap.js's MSMON_HEAT_BAD
+
+
+def attr(page, name: str) -> str | None:
+    return page.get_attribute(HEAT, name)
+
+
+def test_activations_heatmap_grows_live_and_marks_the_nan_in_its_module(
+    browser,  # noqa: F811
+    serve,
+    tmp_path,
+):
+    train = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), str(STEPS), "0.12"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, GLOG_v="3", PYTHONPATH=str(ROOT)),
+    )
+    try:
+        assert train.stdout.readline().strip() == "started"
+        server, _ = serve(tmp_path)
+        page, problems = open_page(browser)
+        page.goto(server.url)
+        # the running run is selected by the page itself; its heatmap comes and grows
+        wait_for(
+            page, f"() => (document.querySelector('{HEAT}')?.dataset.cols|0) > 0", None, 30_000
+        )
+        first = int(attr(page, "data-cols"))
+        wait_for(
+            page, f"(n) => (document.querySelector('{HEAT}').dataset.cols|0) > n + 2", first, 20_000
+        )
+        assert train.poll() is None, "the run ended before the heatmap was seen to grow"
+        assert train.wait(timeout=120) == 0
+    finally:
+        if train.poll() is None:
+            train.kill()
+    collected = list(range(0, STEPS, EVERY))
+    wait_for(
+        page, f"(n) => (document.querySelector('{HEAT}').dataset.cols|0) === n", len(collected)
+    )
+
+    # one heatmap, no per-module line charts for act/ tags
+    assert page.locator(HEAT).count() == 1
+    lines = page.evaluate(
+        "() => [...document.querySelectorAll('#charts .msmon-chart:not(.msmon-heatmap)')]"
+        ".map((e) => e.dataset.msmonTag).filter((t) => t.startsWith('act/'))"
+    )
+    assert lines == []
+    drawn = page.evaluate(DRAWN)
+    assert drawn["stat"] == "norm" and attr(page, "data-stat") == "norm"
+    assert drawn["rows"] == ROWS  # forward order: not alphabetical, not definition order
+    assert [c["lo"] for c in drawn["cols"]] == collected
+    assert drawn["scale"] == "log"
+    # the cells are the recorded norms; the NaN is marked in aux's row at its step only
+    run = load_run(tmp_path / "acts")
+    col = collected.index(NAN_STEP)
+    for i, row in enumerate(ROWS):
+        values = run.scalars(f"act/{row}/norm").values.tolist()
+        for j, cell in enumerate(drawn["cells"][i]):
+            if row == "aux" and j == col:
+                assert cell == "nan"
+            else:
+                assert abs(cell - values[j]) <= 1e-6 * abs(values[j]), (row, j)
+    assert attr(page, "data-bad") == "1"
+    aux = ROWS.index("aux")
+    assert page.evaluate(PIXEL, [aux, col]) == RED
+    for i, j in [(aux, col - 1), (aux, col + 1), (0, col), (1, col)]:
+        assert page.evaluate(PIXEL, [i, j]) != RED, (i, j)
+    # a colour bar with values: its top is the largest norm drawn
+    finite = [c for row in drawn["cells"] for c in row if isinstance(c, float)]
+    assert drawn["bar"][0] == page.evaluate("(v) => fmtNum(v)", max(finite))
+
+    # the hover names module, step and value
+    page.locator(f"{HEAT} canvas").scroll_into_view_if_needed()
+    box = page.locator(f"{HEAT} canvas").bounding_box()
+    g = drawn["geometry"]
+    page.mouse.move(
+        box["x"] + g["left"] + (col + 0.5) * g["cellW"],
+        box["y"] + g["top"] + (aux + 0.5) * g["cellH"],
+    )
+    tip = page.locator(f"{HEAT} .msmon-heat-tip")
+    tip.wait_for(state="visible", timeout=5_000)
+    assert tip.inner_text() == f"aux · step {NAN_STEP} · norm nan"
+
+    # another statistic: zero_frac of the modules; aux's step stays marked by its
+    # nonfinite count although its zero share is a finite number
+    page.select_option(f"{HEAT} select.msmon-heat-stat", "zero_frac")
+    wait_for(page, f"() => {DRAWN.replace('() => ', '')}.stat === 'zero_frac'")
+    wait_for(page, f"() => document.querySelector('{HEAT}').dataset.stat === 'zero_frac'")
+    wait_for(page, f"(n) => ({DRAWN})().cols.length === n", len(collected))
+    zero = page.evaluate(DRAWN)
+    assert zero["scale"] == "linear"  # zero shares of 0: no log colours
+    want = run.scalars("act/embed/zero_frac").values.tolist()
+    assert zero["cells"][0] == [float(v) for v in want]
+    assert zero["cells"][aux][col] == "nonfinite"
+    assert page.evaluate(PIXEL, [aux, col]) == RED
+    assert problems == []
