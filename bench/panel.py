@@ -1,6 +1,7 @@
 """The live panel's cost and liveness, measured where users see it.
 
     python bench/panel.py [--blocks 6] [--secs 10] [--points 1000000] [--skip-browser]
+                          [--modules 20]
 
 1. Kernel side, in a real kernel (jupyter_client; this script answers the panel's hello
    like a page would, so the panel stays in browser mode): the demo MLP trained for
@@ -16,6 +17,9 @@
    appeared after the first step, and the page's time per update with up to
    ``--points`` recorded points per series. Targets: status >= 2/s, age <= 1 s, first
    chart <= 1 s, page update <= 16 ms, bytes/s bounded (independent of run length).
+   ``--modules N`` adds N modules' activation statistics (``act/m<k>/<stat>``, 5 each)
+   to every step: the page then also draws the activations heatmap (module x step) on
+   each update, and the same figures say what it costs.
 """
 
 from __future__ import annotations
@@ -146,8 +150,11 @@ def kernel_side(blocks: int, secs: float) -> None:
 BIG = """%%msmonitor --dir {base} --run big
 import msmon_nb.monitor as _m
 mon = _m.active()
+acts = {{f"act/m{{k}}/{{s}}": 1.0 + k for k in range({modules})
+        for s in ("norm", "max_abs", "mean", "nonfinite", "zero_frac")}}
 for i in range({points}):
-    mon.step(loss=1.0 / (1 + i * 1e-4), lr=1e-3, grads=None)
+    mon.step(loss=1.0 / (1 + i * 1e-4), lr=1e-3, grads=None,
+             **{{t: v * (1 + (i % 97) * 1e-3) for t, v in acts.items()}})
 """
 
 SAMPLE = """() => {
@@ -157,11 +164,12 @@ SAMPLE = """() => {
   return {status: status ? status.textContent : '',
           last: chart ? Number(chart.dataset.lastStep) : -1,
           ms: root ? Number(root.dataset.updateMs || 'NaN') : NaN,
-          points: root ? Number(root.dataset.points || '0') : 0};
+          points: root ? Number(root.dataset.points || '0') : 0,
+          heat: Number(document.querySelector('.msmon-heatmap')?.dataset.cols || '0')};
 }"""
 
 
-def browser_side(points: int) -> None:
+def browser_side(points: int, modules: int = 0) -> None:
     from msmon_nb.events.runs import load_run
     from tests.support.jupyter_app import cell_done_js, jupyter_page, run_all, write_notebook
 
@@ -169,7 +177,10 @@ def browser_side(points: int) -> None:
         root = Path(tmp)
         write_notebook(
             root / "big.ipynb",
-            ["%load_ext msmon_nb", BIG.format(base=root / "summary", points=points)],
+            [
+                "%load_ext msmon_nb",
+                BIG.format(base=root / "summary", points=points, modules=modules),
+            ],
         )
         samples = []
         with jupyter_page(root, "big.ipynb") as page:
@@ -200,6 +211,12 @@ def browser_side(points: int) -> None:
     first_shown = next((s["wall"] for s in live if s["last"] >= 0), np.nan)
     ms = [s["ms"] for s in live if np.isfinite(s["ms"])]
     print(f"\n2. JupyterLab, headless Chromium: {points} points per series recorded in one cell")
+    if modules:
+        heat = sum(1 for s in live if s["heat"]) / len(live)
+        print(
+            f"   with {modules} modules' activations (5 stats each): heatmap drawn in "
+            f"{100 * heat:.0f} % of samples, {max(s['heat'] for s in live)} columns at most"
+        )
     print(
         f"   status step changed every {np.median(gaps):.2f} s (median), "
         f"{np.max(gaps):.2f} s (max): {1 / np.median(gaps):.1f}/s (target >= 2/s)"
@@ -223,11 +240,12 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--skip-browser", action="store_true")
     parser.add_argument("--skip-kernel", action="store_true")
+    parser.add_argument("--modules", type=int, default=0, help="activations of N modules")
     args = parser.parse_args()
     if not args.skip_kernel:
         kernel_side(args.blocks, args.secs)
     if not args.skip_browser:
-        browser_side(args.points)
+        browser_side(args.points, args.modules)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,14 @@ gradients on every collected step into a ring buffer of the last ``keep`` steps;
 alert fires, the monitor writes the buffer, so the run holds the state *before* the
 failure, not only after it. It costs a statistics pass over the selected tensors on each
 collected step, which is why it is opt-in and filtered by ``targets``.
+
+When activations are tracked (``track_metrics: [..., activations]``), a snapshot also lists
+each selected module's activation statistics (``act/<module>/<stat>``, and
+``act_grad/...``) at the last step they were collected (``activation_entries``): the
+monitor already holds them, so the snapshot costs nothing more and never reaches into the
+model. Each is a ``snapshots.jsonl`` entry of ``kind: "activations"``, named
+``act/<module>``, without shape, histogram or summary events (its values are the run's own
+``act/`` series at that step).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from msmon_nb.metrics.stats import tensor_stats
 
 DEFAULT_MAX_RAW = 4096
 DEFAULT_KEEP = 20
+ACTIVATIONS = "activations"  # the ``kind`` of a snapshot entry holding a module's stats
+_ACT_PREFIXES = ("act/", "act_grad/")
 
 
 @dataclass
@@ -130,3 +140,36 @@ class FlightRecorder:
         if fresh:
             self.written_up_to = fresh[-1][0]
         return fresh
+
+
+def activation_entries(series: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each module's activation statistics at the last step they were recorded, from the
+    monitor's live ``series`` (tag -> object with ``steps``/``values``), modules in the
+    order first recorded (forward order): ``[{kind, name, label, step, stats}]``, where
+    ``name`` is ``act/<module>`` (or ``act_grad/<module>``) and ``stats`` maps each
+    statistic to its value (NaN kept: it is what the step had)."""
+    found: dict[str, dict[str, Any]] = {}
+    for tag in series:
+        if not tag.startswith(_ACT_PREFIXES):
+            continue
+        name, _, stat = tag.rpartition("/")
+        s = series[tag]
+        steps = s.steps
+        if not len(steps):
+            continue
+        step = int(steps[-1])
+        entry = found.setdefault(name, {"step": step, "values": {}})
+        if step > entry["step"]:  # a module seen later than its first stat's last step
+            entry["step"], entry["values"] = step, {}
+        if step == entry["step"]:
+            entry["values"][stat] = float(s.values[-1])
+    return [
+        {
+            "kind": ACTIVATIONS,
+            "name": name,
+            "label": name.partition("/")[2],
+            "step": e["step"],
+            "stats": e["values"],
+        }
+        for name, e in found.items()
+    ]

@@ -33,6 +33,7 @@ from msmon_nb.collect.snapshot import (
     DEFAULT_MAX_RAW,
     FlightRecorder,
     TensorSummary,
+    activation_entries,
     named_tensors,
     params_and_grads,
     summarize,
@@ -337,13 +338,19 @@ class Actions:
         pairs = params_and_grads(*self._last_tensors(), self.targets)
         if pairs and (self.recorder is None or self.recorder.written_up_to != alert.step):
             self.write(alert.step, [summarize(n, t, self.max_raw) for n, t in pairs], reason)
+        self.write_activations(reason)
 
     def snapshot(self, tensors: Any = None, step: int | None = None, reason: str = "manual"):
-        """Summarise ``tensors`` (default: the watched parameters and their gradients)."""
+        """Summarise ``tensors`` (default: the watched parameters and their gradients,
+        and each module's activation statistics when activations are tracked)."""
         mon = self.monitor
         pairs = named_tensors(tensors)
+        acts: list[dict[str, Any]] = []
         if not pairs:
             pairs = params_and_grads(*self._last_tensors(), self.targets)
+            acts = self.write_activations(reason)
+        if not pairs and acts:
+            return acts
         if not pairs:
             raise ValueError(
                 "snapshot() has nothing to summarise: pass tensors, e.g. "
@@ -352,7 +359,18 @@ class Actions:
         at = step if step is not None else (mon.last_step if mon.last_step is not None else 0)
         items = [summarize(name, tensor, self.max_raw) for name, tensor in pairs]
         self.write(int(at), items, reason)
-        return [dict(item.to_dict(), step=int(at), reason=reason) for item in items]
+        return [dict(item.to_dict(), step=int(at), reason=reason) for item in items] + acts
+
+    def write_activations(self, reason: str) -> list[dict[str, Any]]:
+        """Each module's activation statistics at their last collected step, listed in
+        ``snapshots.jsonl`` and the panel's table (``collect.snapshot.activation_entries``);
+        none when activations are not tracked."""
+        mon = self.monitor
+        entries = [dict(e, reason=reason) for e in activation_entries(mon.series)]
+        for entry in entries:
+            mon.records.snapshot(dict(entry, wall_time=time.time(), rank=mon.ranks.rank))
+        mon.snapshots.extend(entries)
+        return entries
 
     def write(self, step: int, items: list[TensorSummary], reason: str) -> None:
         """Events under snap/<name>/..., and one line per tensor in snapshots.jsonl."""

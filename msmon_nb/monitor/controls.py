@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from msmon_nb.collect.snapshot import ACTIVATIONS
 from msmon_nb.config import ConfigError
 from msmon_nb.monitor.levers import recorded
 from msmon_nb.rundir.control import (
@@ -143,7 +144,9 @@ def _snapshot(mon: Monitor, _arg: Any, by: str) -> str:
     if not mon.enabled:
         raise Refused("this monitor is disabled (enable_monitor: false): nothing to snapshot")
     taken = mon.snapshot(reason=f"ctl{by}")
-    return f"snapshot of {len(taken)} tensors at step {mon.last_step}"
+    acts = sum(1 for e in taken if e.get("kind") == ACTIVATIONS)
+    modules = f" and {acts} modules' activations" if acts else ""
+    return f"snapshot of {len(taken) - acts} tensors{modules} at step {mon.last_step}"
 
 
 def _checkpoint(mon: Monitor, _arg: Any, _by: str) -> Done:

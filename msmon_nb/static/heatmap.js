@@ -304,3 +304,32 @@ class MsmonHeatmap {
     };
   }
 }
+
+// A snapshot's activation entries ({kind: "activations", name: "act/<module>", label, step,
+// reason, stats}) as a table: a row per module (in the order recorded: forward order) with
+// its statistics at that step, rows holding a non-finite value in red. `run`: a column
+// naming the run (the viewer, several runs selected); both pages list them this way.
+const MSMON_ACT_STATS = ["norm", "max_abs", "mean", "nonfinite", "zero_frac"];
+
+function activationTable(entries, run = null) {
+  const head = h("tr", {}, ...[...(run ? ["run"] : []), "step", "module", "reason",
+    ...MSMON_ACT_STATS].map((t) => h("th", { text: t })));
+  const rows = entries.map((e) => {
+    const st = e.stats || {};
+    const cells = MSMON_ACT_STATS.map((k) => h("td", { class: "num", text: fmtNum(st[k]) }));
+    const row = h("tr", { "data-act-snapshot": String(e.name), "data-step": String(e.step) },
+      ...(run ? [h("td", { text: run })] : []), h("td", { class: "num", text: String(e.step) }),
+      h("td", {}, h("code", { text: String(e.label ?? e.name) })),
+      h("td", { text: e.reason || "" }), ...cells);
+    const bad = MSMON_ACT_STATS.some((k) => {
+      const v = st[k];
+      return typeof v === "string" || (typeof v === "number" && !Number.isFinite(v));
+    }) || (typeof st.nonfinite === "number" && st.nonfinite > 0);
+    if (bad) {
+      row.style.color = MSMON_HEAT_BAD;
+      row.dataset.bad = "1";
+    }
+    return row;
+  });
+  return h("table", { class: "msmon-act-snaps" }, head, ...rows);
+}

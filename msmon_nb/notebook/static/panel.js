@@ -161,6 +161,8 @@ class Panel {
     return w >= 760 ? Math.floor(w / 2) - 12 : w - 8;
   }
 
+  rowWidth() { return (this.grid.clientWidth || 900) - 8; }
+
   setCharts(specs) {
     const sig = JSON.stringify(specs);
     if (sig === JSON.stringify(this.chartSpecs)) return;
@@ -409,9 +411,22 @@ class Panel {
       : h("span", { class: "msmon-ok", text: "no alerts" }));
   }
 
-  // the newest snapshots, one row each with its histogram (the viewer's table's cells)
-  renderSnapshots(list) {
-    if (!list.length) { this.snapsEl.replaceChildren(); return; }
+  // the newest snapshots, one row each with its histogram (the viewer's table's cells);
+  // a snapshot's activation statistics (one row per module) in a table of their own
+  renderSnapshots(all) {
+    const acts = all.filter((e) => e.kind === "activations");
+    const list = all.filter((e) => e.kind !== "activations");
+    const parts = [];
+    if (acts.length) {
+      const steps = [...new Set(acts.map((e) => e.step))];
+      const details = h("details", { class: "msmon-act-snapshots" }, h("summary", {},
+        h("b", { text: "activations in snapshots" }),
+        ` (${acts.length} modules at step${steps.length > 1 ? "s" : ""} ${steps.join(", ")})`),
+      activationTable(acts));
+      details.open = true;
+      parts.push(details);
+    }
+    if (!list.length) { this.snapsEl.replaceChildren(...parts); return; }
     const head = h("tr", {}, ...["step", "tensor", "reason", "shape", "dtype", "min", "max",
       "mean", "std", "NaN/Inf", "histogram"].map((t) => h("th", { text: t })));
     const rows = list.map((e) => {
@@ -430,12 +445,13 @@ class Panel {
     const details = h("details", {}, h("summary", {}, h("b", { text: "snapshots" }),
       ` (${list.length} shown)`), h("table", { class: "msmon-snaps" }, head, ...rows));
     details.open = true;
-    this.snapsEl.replaceChildren(details);
+    this.snapsEl.replaceChildren(details, ...parts);
   }
 
   draw(chart, width) {
     if (chart.kind === "heatmap") {
-      chart.set(heatRowsOf(this, chart), { scale: this.scale, width });
+      // a whole row of the grid (chart.css): its width, not a half
+      chart.set(heatRowsOf(this, chart), { scale: this.scale, width: this.rowWidth() });
       return;
     }
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
@@ -452,7 +468,7 @@ class Panel {
 
   resizeAll() {
     const width = this.chartWidth();
-    for (const c of this.charts) c.resize(width);
+    for (const c of this.charts) c.resize(c.kind === "heatmap" ? this.rowWidth() : width);
   }
 
   destroy() {

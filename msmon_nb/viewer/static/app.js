@@ -616,6 +616,9 @@ function renderSide() {
   let nSnaps = 0;
   let nActs = 0;
   let nCkpts = 0;
+  let nActSnaps = 0;
+  const actSnaps = document.getElementById("act-snapshots");
+  actSnaps.replaceChildren();
   for (const run of selectedRuns()) {
     for (const i of state.interventions.get(run.name) || []) {
       nActs += 1;
@@ -643,7 +646,13 @@ function renderSide() {
         el("td", { class: `severity-${a.severity}`, text: a.severity || "-" }),
         el("td", { text: a.kind || "-" }), el("td", { text: a.message || "" })));
     }
+    const acts = (state.snapshots.get(run.name) || []).filter((s) => s.kind === "activations");
+    if (acts.length) {
+      nActSnaps += acts.length;
+      actSnaps.append(activationTable(acts, state.selected.size > 1 ? run.name : null));
+    }
     for (const s of state.snapshots.get(run.name) || []) {
+      if (s.kind === "activations") continue;
       nSnaps += 1;
       const st = s.stats || {};
       snapsBody.append(el("tr", { "data-snapshot": s.name },
@@ -658,6 +667,7 @@ function renderSide() {
   }
   document.getElementById("alerts-section").hidden = nAlerts === 0;
   document.getElementById("snapshots-section").hidden = nSnaps === 0;
+  document.getElementById("act-snapshots-section").hidden = nActSnaps === 0;
   document.getElementById("interventions-section").hidden = nActs === 0;
   document.getElementById("checkpoints-section").hidden = nCkpts === 0;
 }
