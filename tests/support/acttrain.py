@@ -43,8 +43,8 @@ def forward(x, z, y):
 grad_fn = ms.value_and_grad(forward, None, opt.parameters)
 rng = np.random.default_rng(0)
 
-def train(steps, pause):
-    for step in range(steps):
+def train(steps, pause, start=0):
+    for step in range(start, start + steps):
         x = rng.normal(size=(32, 8)).astype(np.float32)
         z = rng.normal(size=(32, 4)).astype(np.float32)
         if step == {nan_step}:
@@ -62,7 +62,8 @@ CONFIG = (
     "'activations'])"
 )
 
-# a run written by a script: argv = save_dir, steps, pause
+# a run written by a script: argv = save_dir, steps, pause; a snapshot right after the
+# NaN step (each module's activation statistics at NAN_STEP)
 SCRIPT = (
     NET
     + """
@@ -71,6 +72,9 @@ import msmon_nb as mm
 mon = mm.Monitor(save_dir=sys.argv[1], run_name="acts", flush_secs=0.2, **CONFIG)
 with mon, mon.watch():
     print("started", flush=True)
-    train(int(sys.argv[2]), float(sys.argv[3]))
-""".replace("CONFIG", CONFIG)
+    steps, pause = int(sys.argv[2]), float(sys.argv[3])
+    train(NAN_STEP + 1, pause)
+    mon.snapshot()
+    train(steps - NAN_STEP - 1, pause, NAN_STEP + 1)
+""".replace("CONFIG", CONFIG).replace("NAN_STEP", str(NAN_STEP))
 )

@@ -128,4 +128,16 @@ def test_activations_heatmap_grows_live_and_marks_the_nan_in_its_module(
     assert zero["cells"][0] == [float(v) for v in want]
     assert zero["cells"][aux][col] == "nonfinite"
     assert page.evaluate(PIXEL, [aux, col]) == RED
+
+    # the snapshot taken after the NaN step lists each module's statistics at that step,
+    # aux's row marked
+    rows = page.locator("#act-snapshots tr[data-act-snapshot]")
+    assert page.is_visible("#act-snapshots-section")
+    names = [rows.nth(i).get_attribute("data-act-snapshot") for i in range(rows.count())]
+    assert names == [f"act/{r}" for r in ROWS]
+    assert {rows.nth(i).get_attribute("data-step") for i in range(3)} == {str(NAN_STEP)}
+    assert [rows.nth(i).get_attribute("data-bad") for i in range(3)] == [None, None, "1"]
+    aux_cells = rows.nth(aux).locator("td").all_inner_texts()
+    assert aux_cells[1:3] == ["aux", "manual"] and aux_cells[3] == "nan"
+    assert aux_cells[6] == "3"  # nonfinite: the NaN, through a 4 -> 3 Dense
     assert problems == []
