@@ -17,7 +17,12 @@
    appeared after the first step, and the page's time per update with up to
    ``--points`` recorded points per series. Targets: status >= 2/s, age <= 1 s, first
    chart <= 1 s, page update <= 16 ms, bytes/s bounded (independent of run length).
-   ``--modules N`` adds N modules' activation statistics (``act/m<k>/<stat>``, 5 each)
+3. In headless Chromium, the page's draw of activations alone: ``--modules`` modules x 5
+   statistics x ``--draw-points`` points each, drawn as the heatmap (``MsmonHeatmap.set``,
+   what the panel does on each update that brings activations) and as what it replaced
+   (a line chart per statistic, its first 6 modules: ``MsmonChart.set``), alternating
+   blocks in one page. Prints the median ms per draw of each with its spread and the ratio.
+   ``--modules N`` in part 2 adds N modules' activation statistics (``act/m<k>/<stat>``, 5 each)
    to every step: the page then also draws the activations heatmap (module x step) on
    each update, and the same figures say what it costs.
 """
@@ -233,6 +238,73 @@ def browser_side(points: int, modules: int = 0) -> None:
     )
 
 
+DRAW = """async ([modules, points, blocks, reps]) => {
+  const rows = [...Array(modules).keys()].map((k) => `m${k}`);
+  const stats = ["norm", "max_abs", "mean", "nonfinite", "zero_frac"];
+  const tags = rows.flatMap((r) => stats.map((s) => `act/${r}/${s}`));
+  const heat = new MsmonHeatmap({title: "act", tags, group: "act", rows, stats, log: true});
+  document.body.append(heat.el);
+  const xs = [...Array(points).keys()].map((i) => 10 * i);
+  const series = (k, s) => xs.map((i) => (1 + k) * (1 + s) * (1 + (i % 97) * 1e-3));
+  const data = rows.map((row, k) => ({row, xs, ys: series(k, 0), nonfinite: [], flagged: []}));
+  const lines = stats.map((s, si) => {
+    const first = rows.slice(0, 6);
+    const c = new MsmonChart({title: `act ${s}`, tags: first.map((r) => `act/${r}/${s}`)});
+    document.body.append(c.el);
+    return [c, rows.slice(0, 6).map((r, k) => ({label: r, tag: `act/${r}/${s}`,
+      color: MSMON_COLORS[k], xs, ys: series(k, si), nonfinite: []}))];
+  });
+  const out = {heatmap: [], lines: []};
+  // uPlot redraws in a microtask queued by setData: awaited, so that its drawing counts
+  const time = async (f) => {
+    const t0 = performance.now();
+    for (let r = 0; r < reps; r++) {
+      f();
+      await new Promise((done) => queueMicrotask(done));
+    }
+    return (performance.now() - t0) / reps;
+  };
+  for (let b = 0; b < blocks; b++) {
+    const arms = b % 2 ? ["lines", "heatmap"] : ["heatmap", "lines"];
+    for (const arm of arms) {
+      out[arm].push(arm === "heatmap"
+        ? await time(() => heat.set(data, {width: 1200}))
+        : await time(() => { for (const [c, s] of lines) c.set(s, {width: 590}); }));
+    }
+  }
+  return out;
+}"""
+
+
+def draw_side(modules: int, points: int, blocks: int) -> None:
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.viewer.test_browser import CHROMIUM_ARGS
+
+    static = ROOT / "msmon_nb" / "static"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS, headless=True
+        )
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.set_content("<html><body></body></html>")
+        for name in ("uPlot.iife.min.js", "chart.js", "heatmap.js"):
+            page.add_script_tag(path=str(static / name))
+        got = page.evaluate(DRAW, [modules, points, blocks, 5])
+        browser.close()
+    heat, lines = got["heatmap"], got["lines"]
+    print(
+        f"\n3. headless Chromium, {modules} modules x 5 stats x {points} points, "
+        f"{blocks} alternating blocks of 5 draws"
+    )
+    print(f"   heatmap (every module, 1 stat)     {spread(heat)} ms per draw")
+    print(f"   line charts it replaced (5 x 6)    {spread(lines)} ms per draw")
+    ratio = statistics.median(heat) / statistics.median(lines)
+    print(f"   ratio (heatmap / lines)            {ratio:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=6)
@@ -241,11 +313,17 @@ def main() -> None:
     parser.add_argument("--skip-browser", action="store_true")
     parser.add_argument("--skip-kernel", action="store_true")
     parser.add_argument("--modules", type=int, default=0, help="activations of N modules")
+    parser.add_argument("--draw-modules", type=int, default=20)
+    parser.add_argument("--draw-points", type=int, default=4000)
+    parser.add_argument("--draw-blocks", type=int, default=10)
+    parser.add_argument("--skip-draw", action="store_true")
     args = parser.parse_args()
     if not args.skip_kernel:
         kernel_side(args.blocks, args.secs)
     if not args.skip_browser:
         browser_side(args.points, args.modules)
+    if not args.skip_draw:
+        draw_side(args.draw_modules, args.draw_points, args.draw_blocks)
 
 
 if __name__ == "__main__":

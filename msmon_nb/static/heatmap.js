@@ -31,25 +31,55 @@ const MSMON_HEAT_EMPTY = "#eef0f2"; // no value recorded for that module in that
 const MSMON_HEAT_STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98],
   [253, 231, 37]];
 
-function heatColor(t) {
+function heatRGB(t) {
   const x = Math.min(1, Math.max(0, t)) * (MSMON_HEAT_STOPS.length - 1);
   const i = Math.min(MSMON_HEAT_STOPS.length - 2, Math.floor(x));
   const f = x - i;
   const [a, b] = [MSMON_HEAT_STOPS[i], MSMON_HEAT_STOPS[i + 1]];
-  return `rgb(${a.map((v, k) => Math.round(v + (b[k] - v) * f)).join(",")})`;
+  return a.map((v, k) => Math.round(v + (b[k] - v) * f));
+}
+
+function heatColor(t) { return `rgb(${heatRGB(t).join(",")})`; }
+
+// 256 colours of the scale, computed once: a cell is a table lookup, not a colour string
+const MSMON_HEAT_LUT = Array.from({ length: 256 }, (_, i) => heatRGB(i / 255));
+
+function rgbOf(css) { return [1, 3, 5].map((i) => parseInt(css.slice(i, i + 2), 16)); }
+
+function sameSteps(a, b) {
+  if (a === b) return true;
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 // The columns of `rows`: each distinct step while they fit in `max`, else `max` equal step
 // ranges. Returns [{lo, hi}] (inclusive) and a step -> column function.
 function heatColumns(rows, max) {
-  const seen = new Set();
+  const base = rows.reduce((a, r) => (r.xs.length > a.length ? r.xs : a), []);
+  const shared = rows.every((r) => !r.xs.length || sameSteps(r.xs, base));
+  if (base.length <= max && shared) {
+    // every row holds the same steps (the usual case: each module is recorded at each
+    // collected step): a point's index is its column, no set, sort or lookup per point;
+    // a NaN mark or a flagged step is one of those steps (recorded as a point too)
+    const index = new Map(Array.from(base, (x, i) => [x, i]));
+    const at = (s) => index.get(s);
+    const marks = rows.flatMap((r) => [...(r.flagged || []), ...(r.nonfinite || []).map((m) => m[0])]);
+    if (marks.every((x) => at(x) !== undefined)) {
+      return { cols: Array.from(base, (s) => ({ lo: s, hi: s })), at, same: true };
+    }
+  }
+  // shared steps too many for the columns: binned by their range, which their ends
+  // (and any mark) give, without a set of every step
+  const full = !shared || base.length <= max;
+  const seen = new Set(full ? [] : [base[0], base[base.length - 1]]);
   for (const r of rows) {
-    for (const x of r.xs) seen.add(x);
+    if (full) for (const x of r.xs) seen.add(x);
     for (const [x] of r.nonfinite || []) seen.add(x);
     for (const x of r.flagged || []) seen.add(x);
   }
   const steps = [...seen].sort((a, b) => a - b);
-  if (steps.length <= max) {
+  if (full && steps.length <= max) {
     const index = new Map(steps.map((s, i) => [s, i]));
     return { cols: steps.map((s) => ({ lo: s, hi: s })), at: (s) => index.get(s) };
   }
@@ -121,14 +151,14 @@ class MsmonHeatmap {
   // the cells of the grid: per row, per column, the value of largest magnitude and
   // whether any step of it was non-finite
   layout(rows, maxCols) {
-    const { cols, at } = heatColumns(rows, maxCols);
+    const { cols, at, same } = heatColumns(rows, maxCols);
     const values = rows.map(() => new Array(cols.length).fill(null));
     const bad = rows.map(() => new Array(cols.length).fill(null));
     rows.forEach((r, i) => {
       for (let j = 0; j < r.xs.length; j++) {
         const v = r.ys[j];
         if (v == null || !Number.isFinite(v)) continue;
-        const c = at(r.xs[j]);
+        const c = same ? j : at(r.xs[j]);
         const old = values[i][c];
         if (old == null || Math.abs(v) > Math.abs(old)) values[i][c] = v;
       }
@@ -194,8 +224,9 @@ class MsmonHeatmap {
     const height = top + plotH + 20;
     const cellW = plotW / Math.max(1, g.cols.length);
     const dpr = window.devicePixelRatio || 1;
-    this.canvas.width = Math.round(width * dpr);
-    this.canvas.height = Math.round(height * dpr);
+    // a canvas is reallocated only when its size changes (setting width clears it anyway)
+    if (this.canvas.width !== Math.round(width * dpr)) this.canvas.width = Math.round(width * dpr);
+    if (this.canvas.height !== Math.round(height * dpr)) this.canvas.height = Math.round(height * dpr);
     this.canvas.style.width = `${width}px`;
     this.canvas.style.height = `${height}px`;
     const ctx = this.canvas.getContext("2d");
@@ -204,22 +235,37 @@ class MsmonHeatmap {
     ctx.font = "11px sans-serif";
     ctx.textBaseline = "middle";
     const left = labelW;
+    ctx.fillStyle = "#333";
+    ctx.textAlign = "right";
     for (let i = 0; i < n; i++) {
-      const y = top + i * cellH;
-      ctx.fillStyle = "#333";
-      ctx.textAlign = "right";
       let label = this.rows[i].row;
       while (label.length > 4 && ctx.measureText(label).width > labelW - 8) label = `…${label.slice(2)}`;
-      if (cellH >= 9) ctx.fillText(label, left - 4, y + cellH / 2);
+      if (cellH >= 9) ctx.fillText(label, left - 4, top + i * cellH + cellH / 2);
+    }
+    // the cells as one pixel each of a cols x rows image, scaled up unsmoothed: thousands
+    // of cells cost one drawImage, not a fillRect and a colour string each
+    const cells = new ImageData(Math.max(1, g.cols.length), Math.max(1, n));
+    const px = cells.data;
+    const red = rgbOf(MSMON_HEAT_BAD);
+    const empty = rgbOf(MSMON_HEAT_EMPTY);
+    for (let i = 0; i < n; i++) {
       for (let j = 0; j < g.cols.length; j++) {
         const v = g.values[i][j];
-        ctx.fillStyle = g.bad[i][j] != null ? MSMON_HEAT_BAD
-          : v == null ? MSMON_HEAT_EMPTY : heatColor(this.position(v, g));
-        // whole pixels, overlapping by one: no seams between cells
-        const x0 = Math.floor(left + j * cellW);
-        ctx.fillRect(x0, y, Math.max(1, Math.ceil(left + (j + 1) * cellW) - x0), cellH);
+        const rgb = g.bad[i][j] != null ? red
+          : v == null ? empty : MSMON_HEAT_LUT[Math.round(255 * Math.min(1, Math.max(0, this.position(v, g))))];
+        const o = 4 * (i * g.cols.length + j);
+        px[o] = rgb[0];
+        px[o + 1] = rgb[1];
+        px[o + 2] = rgb[2];
+        px[o + 3] = 255;
       }
     }
+    if (!this.scratch) this.scratch = document.createElement("canvas");
+    this.scratch.width = cells.width;
+    this.scratch.height = cells.height;
+    this.scratch.getContext("2d").putImageData(cells, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.scratch, left, top, plotW, plotH);
     // the step axis: first, middle and last column
     ctx.fillStyle = "#555";
     ctx.textBaseline = "top";
@@ -232,10 +278,11 @@ class MsmonHeatmap {
     // the colour bar: the scale's ends and middle, with their values
     const bx = left + plotW + 8;
     const bh = Math.max(plotH, 40);
-    for (let k = 0; k < bh; k++) {
-      ctx.fillStyle = heatColor(1 - k / Math.max(1, bh - 1));
-      ctx.fillRect(bx, top + k, 10, 1);
-    }
+    const bar = ctx.createLinearGradient(0, top + bh, 0, top);
+    MSMON_HEAT_STOPS.forEach((_, k, all) => bar.addColorStop(k / (all.length - 1),
+      heatColor(k / (all.length - 1))));
+    ctx.fillStyle = bar;
+    ctx.fillRect(bx, top, 10, bh);
     ctx.fillStyle = "#333";
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from msmon_nb.events.runs import load_run
+from msmon_nb.metrics.charts import CHART_ASSETS
 from tests.conftest import ROOT
 from tests.support.acttrain import EVERY, NAN_STEP, ROWS, SCRIPT
 from tests.viewer.test_browser import browser, open_page, wait_for  # noqa: F401
@@ -140,4 +141,46 @@ def test_activations_heatmap_grows_live_and_marks_the_nan_in_its_module(
     aux_cells = rows.nth(aux).locator("td").all_inner_texts()
     assert aux_cells[1:3] == ["aux", "manual"] and aux_cells[3] == "nan"
     assert aux_cells[6] == "3"  # nonfinite: the NaN, through a 4 -> 3 Dense
+    assert problems == []
+
+
+LONG = """() => {
+  const rows = ["a", "b"];
+  const heat = new MsmonHeatmap({title: "act", tags: ["act/a/norm", "act/b/norm"],
+    group: "act", rows, stats: ["norm"], log: true});
+  document.body.append(heat.el);
+  const xs = [...Array(5000).keys()];
+  const a = xs.map(() => 1);
+  a[1234] = 1e6;  // a one-step blow-up
+  const b = xs.map(() => 2);
+  b[4321] = null;  // NaN: a gap in the values, a mark of its own
+  heat.set([{row: "a", xs, ys: a, nonfinite: [], flagged: []},
+            {row: "b", xs, ys: b, nonfinite: [[4321, "nan"]], flagged: []}], {width: 900});
+  const d = heat.drawn();
+  const at = (s) => d.cols.findIndex((c) => c.lo <= s && s <= c.hi);
+  return {cols: d.cols.length, first: d.cols[0], last: d.cols[d.cols.length - 1],
+          spike: d.cells[0][at(1234)], before: d.cells[0][at(1234) - 1],
+          nan: d.cells[1][at(4321)], next: d.cells[1][at(4321) + 1],
+          covered: d.cols.every((c, i) => i === 0 || c.lo === d.cols[i - 1].hi + 1),
+          text: heat.cellText(0, at(1234)), bar: d.bar};
+}"""
+
+
+def test_a_long_run_is_thinned_to_columns_that_keep_a_one_step_spike_and_a_nan(
+    browser,  # noqa: F811
+):
+    """5,000 collected steps in a 900 px chart: fewer columns than steps, each a range of
+    steps (together every step, none twice) showing its value of largest magnitude: a
+    one-step blow-up and a NaN survive the thinning."""
+    page, problems = open_page(browser)
+    page.set_content("<html><body></body></html>")
+    for name in ("chart.js", "heatmap.js"):
+        page.add_script_tag(path=str(CHART_ASSETS / name))
+    got = page.evaluate(LONG)
+    assert 100 <= got["cols"] <= 450, got["cols"]
+    assert got["first"]["lo"] == 0 and got["last"]["hi"] >= 4999 and got["covered"]
+    assert got["spike"] == 1e6 and got["before"] == 1
+    assert got["nan"] == "nan" and got["next"] == 2
+    assert got["text"].startswith("a · steps ") and got["text"].endswith("· norm 1.000e+6")
+    assert got["bar"] == ["1.000e+6", "1000", "1"]  # log scale: 1 .. 1e6, its middle 1e3
     assert problems == []
