@@ -77,13 +77,29 @@ function seriesOf(panel, spec) {
   return out;
 }
 
+// The series key a heatmap cell's tag is drawn from: the tag itself, or in a distributed
+// run (keys tag@rank<k>, tag@min/@max) the ranks' maximum, else the first rank's.
+function heatKey(chart, tag) {
+  if (!chart.keyOf) {
+    chart.keyOf = new Map();
+    for (const key of chart.spec.tags) {
+      const base = baseTag(key);
+      const held = chart.keyOf.get(base);
+      const rank = (k) => (k === base ? 0 : k.endsWith("@max") ? 1 : 2);
+      if (held === undefined || rank(key) < rank(held)) chart.keyOf.set(base, key);
+    }
+  }
+  return chart.keyOf.get(tag) || tag;
+}
+
 // The rows of a heatmap for its selected statistic, from the panel's points: per module
 // its series, its NaN/Inf marks, and the steps its nonfinite count was above 0.
 function heatRowsOf(panel, chart) {
   return (chart.spec.rows || []).map((row) => {
-    const key = chart.tagOf(row);
+    const key = heatKey(chart, chart.tagOf(row));
     const d = panel.data.get(key) || { xs: [], ys: [] };
-    const count = chart.stat === "nonfinite" ? null : panel.data.get(chart.tagOf(row, "nonfinite"));
+    const count = chart.stat === "nonfinite" ? null
+      : panel.data.get(heatKey(chart, chart.tagOf(row, "nonfinite")));
     const flagged = [];
     if (count) count.ys.forEach((v, j) => { if (v > 0) flagged.push(count.xs[j]); });
     return { row, xs: d.xs, ys: d.ys, nonfinite: panel.nonfinite.get(key) || [], flagged };
