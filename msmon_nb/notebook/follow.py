@@ -77,6 +77,16 @@ class _Column(NamedTuple):
     values: np.ndarray
 
 
+def recorded_order(run: Run, tags: list[str]) -> list[str]:
+    """``tags`` in the order the run first recorded them: the panel plans in its series'
+    order, and an activations heatmap's rows are the forward order the sorted listing
+    lost (``metrics.charts``)."""
+    wanted = set(tags)
+    first = [t for t in run.recorded_tags() if t in wanted]
+    seen = set(first)
+    return first + [t for t in tags if t not in seen]
+
+
 def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
     """What the panel draws for a run: its series, and its alerts.
 
@@ -86,9 +96,9 @@ def run_series(run: Run) -> tuple[dict[str, Any], list[Any]]:
     """
     ranks = run.ranks
     if len(ranks) < 2:
-        return {tag: run.scalars(tag) for tag in run.tags()}, run.alerts
+        return {tag: run.scalars(tag) for tag in recorded_order(run, run.tags())}, run.alerts
     series: dict[str, Any] = {}
-    for tag in run.tags(rank=ranks[0]):
+    for tag in recorded_order(run, run.tags(rank=ranks[0])):
         for rank in ranks[:MAX_RANK_LINES]:
             if tag in run.tags(rank=rank):
                 series[f"{tag}@rank{rank}"] = run.scalars(tag, rank=rank)

@@ -136,6 +136,29 @@ def test_the_panel_and_api_charts_plan_a_run_in_one_shape(tmp_path, serve):
     assert ["netd", "netg"] in [c["labels"] for c in api_charts]  # the optimizers' chart
 
 
+def test_both_pages_order_a_heatmaps_rows_as_the_run_recorded_its_modules(tmp_path, serve):
+    """A finished run shown by ``mm.show`` and by ``/api/charts``: the activations
+    heatmap's rows are the order the modules were first recorded (forward order: head
+    before body here), not the sorted listing's, and the two plans are equal."""
+    from msmon_nb.notebook import show
+
+    with EventWriter(tmp_path / "acts") as writer:
+        for step in range(3):
+            # the core charts' tags: a live panel plans placeholders for them, not the viewer
+            values = {"train/loss": 1.0 / (step + 1), "train/grad_norm": 1.0}
+            values |= {"train/learning_rate": 1e-3, "train/throughput": 100.0}
+            for module in ("head", "body", "aux"):
+                values |= {f"act/{module}/norm": 1.0 + step, f"act/{module}/mean": 0.1}
+            writer.add_scalars(step, values)
+    panel_charts = show(tmp_path / "acts").panel.widget.initial["charts"]
+    _, client = serve(tmp_path)
+    status, api_charts = client.json(q("/api/charts", run="acts"))
+    assert status == 200 and panel_charts == api_charts
+    [heat] = [c for c in api_charts if c["kind"] == "heatmap"]
+    assert (heat["rows"], heat["stats"]) == (["head", "body", "aux"], ["norm", "mean"])
+    assert heat["tags"][:2] == ["act/head/norm", "act/head/mean"]
+
+
 def test_the_pages_know_the_severities_a_rule_raises_and_no_other():
     """``chart.js`` (both pages' chart component) colours alert marks by severity; it
     knew an ``info`` no rule raises. Its table now holds exactly the cards' severities."""
