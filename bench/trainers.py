@@ -38,7 +38,7 @@ from mindcv.loss import create_loss
 from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
-from overhead import ON_LINE, RING_LINE, DetailSteps
+from overhead import ON_LINE, RING_LINE, DetailSteps, LayerPart
 
 from msmon_nb.monitor import Monitor
 
@@ -92,6 +92,7 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="msmon_bench_trainers_")
     variants: dict[str, tuple] = {}
     counts: dict[str, DetailSteps] = {}  # the timed rounds' steps inside a detail window
+    parts: dict[str, LayerPart] = {}  # the ring arm's per-layer part, timed directly
     for arm, (name, freq, blame) in ARMS.items():
         if arm not in arms:
             continue
@@ -114,11 +115,15 @@ def main() -> None:
         callbacks = [mon.callback()] if mon else []
         if mon is not None:
             counts[name] = DetailSteps(mon)
+        if arm == "ring":
+            parts[name] = LayerPart(mon)
         model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)  # compile, warm up
         variants[name] = (model, callbacks, mon, data)
     params = sum(p.size for p in net.trainable_params())
     for c in counts.values():
         c.reset()
+    for part in parts.values():
+        part.reset()
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
@@ -175,6 +180,9 @@ def main() -> None:
             f"[{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}] ({target}two models: "
             f"compare the noise floor); {counts[name]}"
         )
+    for part in parts.values():
+        plain_cpu = statistics.median(cpu["plain"])
+        print(f"  {part.line('ring only', statistics.median(plain), plain_cpu)}")
     in_graph(variants["every step"], args.steps, args.rounds)
     for _model, _callbacks, mon, _data in variants.values():
         if mon is not None:
