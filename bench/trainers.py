@@ -9,7 +9,9 @@ loss), one collecting every 10th step, and one collecting every step with ``blam
 time over it; its own model, since a blame-off callback on the blame-on
 model would recompile the graph at every switch). The ring-only arm collects every step
 with ``blame: {detail_steps: 0}`` (the per-parameter norms kept, no detail window after
-an alert) on the every-step arm's model: ring only / blame off, target <= 1.01. Blocks
+an alert) on the every-step arm's model: ring only / blame off, target <= 1.01; its
+per-layer part (the ring row and ``layer_rise``) is also timed directly and printed as a
+share of the plain step (issue 43's budget: 1 % of a collected step). Blocks
 of ``--steps`` steps alternate between them, the order rotated each round; each model
 compiles (and warms up) before timing.
 
