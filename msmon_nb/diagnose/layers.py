@@ -136,7 +136,7 @@ class LayerRise(CardRule, kind="layer_rise"):
                 self._count[:] = 0
                 self._counting = False
             self.episode.settle(calm=True)
-            self._learn(x, dev, g, self.alpha, None, common, still)
+            self._learn(x, dev, g, self.alpha, None, common, still, excess)
             return None
         over_p = over[0] | over[1]
         started = over_p & (self._count == 0)
@@ -145,7 +145,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         self._counting = True
         big = ((excess > self.log_jump) & over).any(axis=0)
         confirmed = over_p & ((self._count >= self.patience) | big)
-        self._learn(x, dev, g, self.alpha, over, common, still)
+        self._learn(x, dev, g, self.alpha, over, common, still, excess)
         self.episode.settle(calm=False)
         if not confirmed.any() or self.episode.active:
             return None
@@ -197,6 +197,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         over: np.ndarray | None,
         common: np.ndarray,
         still: np.ndarray | None,
+        excess: np.ndarray | None = None,
     ) -> None:
         """Move the levels and spreads toward this step (module docstring): deviations
         ``dev`` (``x`` - level) clipped at ``CLIP`` sigmas once there is history, a
@@ -210,7 +211,9 @@ class LayerRise(CardRule, kind="layer_rise"):
             if wake.any():  # a series that never moved moves: its history starts here
                 self._wake(wake, x)
                 dev = x - level
-        own = np.abs(dev - common[:, None])
+        # ``excess`` (judged this step) is ``dev - common`` unless a still series was
+        # judged against the others instead: then, or without it, it is computed here
+        own = np.abs(excess if still is None and excess is not None else dev - common[:, None])
         unknown = np.isnan(dev)  # ``common`` is finite: ``own`` is NaN exactly there too
         np.copyto(dev, 0.0, where=unknown)  # not known: the level stays
         np.copyto(own, spread, where=unknown)  # and the spread
