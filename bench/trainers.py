@@ -9,7 +9,9 @@ loss), one collecting every 10th step, and one collecting every step with ``blam
 time over it; its own model, since a blame-off callback on the blame-on
 model would recompile the graph at every switch). The ring-only arm collects every step
 with ``blame: {detail_steps: 0}`` (the per-parameter norms kept, no detail window after
-an alert) on the every-step arm's model: ring only / blame off, target <= 1.01. Blocks
+an alert) on the every-step arm's model: ring only / blame off, target <= 1.01; its
+per-layer part (the ring row and ``layer_rise``) is also timed directly and printed as a
+share of the plain step (issue 43's budget: 1 % of a collected step). Blocks
 of ``--steps`` steps alternate between them, the order rotated each round; each model
 compiles (and warms up) before timing.
 
@@ -38,7 +40,7 @@ from mindcv.loss import create_loss
 from mindcv.models import create_model
 from mindcv.optim import create_optimizer
 from mindcv.utils import create_trainer
-from overhead import ON_LINE, RING_LINE, DetailSteps
+from overhead import ON_LINE, RING_LINE, DetailSteps, LayerPart
 
 from msmon_nb.monitor import Monitor
 
@@ -92,6 +94,7 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="msmon_bench_trainers_")
     variants: dict[str, tuple] = {}
     counts: dict[str, DetailSteps] = {}  # the timed rounds' steps inside a detail window
+    parts: dict[str, LayerPart] = {}  # the ring arm's per-layer part, timed directly
     for arm, (name, freq, blame) in ARMS.items():
         if arm not in arms:
             continue
@@ -114,11 +117,15 @@ def main() -> None:
         callbacks = [mon.callback()] if mon else []
         if mon is not None:
             counts[name] = DetailSteps(mon)
+        if arm == "ring":
+            parts[name] = LayerPart(mon)
         model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)  # compile, warm up
         variants[name] = (model, callbacks, mon, data)
     params = sum(p.size for p in net.trainable_params())
     for c in counts.values():
         c.reset()
+    for part in parts.values():
+        part.reset()
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
@@ -175,6 +182,9 @@ def main() -> None:
             f"[{min(cpu_ratios):.3f}..{max(cpu_ratios):.3f}] ({target}two models: "
             f"compare the noise floor); {counts[name]}"
         )
+    for part in parts.values():
+        plain_cpu = statistics.median(cpu["plain"])
+        print(f"  {part.line('ring only', statistics.median(plain), plain_cpu)}")
     in_graph(variants["every step"], args.steps, args.rounds)
     for _model, _callbacks, mon, _data in variants.values():
         if mon is not None:

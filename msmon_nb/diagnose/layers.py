@@ -136,7 +136,7 @@ class LayerRise(CardRule, kind="layer_rise"):
                 self._count[:] = 0
                 self._counting = False
             self.episode.settle(calm=True)
-            self._learn(x, dev, g, self.alpha, None, common, still)
+            self._learn(x, dev, g, self.alpha, None, common, still, excess)
             return None
         over_p = over[0] | over[1]
         started = over_p & (self._count == 0)
@@ -145,7 +145,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         self._counting = True
         big = ((excess > self.log_jump) & over).any(axis=0)
         confirmed = over_p & ((self._count >= self.patience) | big)
-        self._learn(x, dev, g, self.alpha, over, common, still)
+        self._learn(x, dev, g, self.alpha, over, common, still, excess)
         self.episode.settle(calm=False)
         if not confirmed.any() or self.episode.active:
             return None
@@ -197,6 +197,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         over: np.ndarray | None,
         common: np.ndarray,
         still: np.ndarray | None,
+        excess: np.ndarray | None = None,
     ) -> None:
         """Move the levels and spreads toward this step (module docstring): deviations
         ``dev`` (``x`` - level) clipped at ``CLIP`` sigmas once there is history, a
@@ -210,13 +211,21 @@ class LayerRise(CardRule, kind="layer_rise"):
             if wake.any():  # a series that never moved moves: its history starts here
                 self._wake(wake, x)
                 dev = x - level
-        own = np.abs(dev - common[:, None])
-        np.nan_to_num(dev, copy=False, nan=0.0)
-        np.copyto(own, spread, where=np.isnan(own))  # not known: the spread stays
+        # ``excess`` (judged this step) is ``dev - common`` unless a still series was
+        # judged against the others instead: then, or without it, it is computed here
+        own = np.abs(excess if still is None and excess is not None else dev - common[:, None])
+        unknown = np.isnan(dev)  # ``common`` is finite: ``own`` is NaN exactly there too
+        np.copyto(dev, 0.0, where=unknown)  # not known: the level stays
+        np.copyto(own, spread, where=unknown)  # and the spread
         if self.n > self.min_history:
+            # an Inf deviation ends at the limit, as np.clip puts it (two ufuncs: np.clip's
+            # wrapper cost more than the rule's arithmetic on a few parameters)
             limit = CLIP * sigma
-            np.clip(dev, -limit, limit, out=dev)
+            np.minimum(dev, limit, out=dev)
+            np.maximum(dev, -limit, out=dev)
             np.minimum(own, limit, out=own)
+        elif not math.isfinite(float(dev.sum())):  # an Inf before there is history
+            np.nan_to_num(dev, copy=False)
         if over is None:
             level += alpha * dev
             spread += alpha * (own - spread)
@@ -249,8 +258,13 @@ class LayerRise(CardRule, kind="layer_rise"):
 
 def _medians(rows: np.ndarray) -> np.ndarray:
     """Each row's median over its finite values (0 for a row with none): one sort, NaN
-    last, no warning."""
+    last, no warning. The common case, every value finite, takes two numpy calls after
+    the sort: this runs on every collected step, twice."""
     ordered = np.sort(rows, axis=1)
+    p = ordered.shape[1]
+    # sorted, -Inf comes first and +Inf then NaN last: the ends tell whether all are finite
+    if p and all(map(math.isfinite, ordered[:, :: max(p - 1, 1)].ravel().tolist())):
+        return 0.5 * (ordered[:, (p - 1) // 2] + ordered[:, p // 2])
     counts = np.count_nonzero(np.isfinite(ordered), axis=1)
     out = np.zeros(len(rows))
     for i, k in enumerate(counts.tolist()):

@@ -77,6 +77,33 @@ def is_ranked(path: Path) -> bool:
     return not flat and bool(rank_dirs(path))
 
 
+def done_overview(path: Path, job_ranks: int = 1) -> tuple[Overview, list[Path], str] | None:
+    """``(overview, summary files, status)`` of the run dir ``path`` when its writer closed
+    (a complete overview still true of its files), it is not running, and it is big
+    enough that decoding it would keep a chart waiting (``OVERVIEW_MIN_SCALARS``, or a
+    job of ``job_ranks`` such dirs holding ``OVERVIEW_MIN_JOB_SCALARS``); else None."""
+    overview = read_overview(path)
+    if overview is None:
+        return None
+    scalars = len(overview.rows) * BLOCK
+    if scalars < OVERVIEW_MIN_SCALARS and scalars * job_ranks < OVERVIEW_MIN_JOB_SCALARS:
+        return None  # small enough, rank and job, to decode at once
+    files = [p for p in path.iterdir() if is_summary_file(p.name)]
+    status = run_status(read_marker_file(path / MARKER), files)
+    if status == "running":
+        return None
+    return overview, files, status
+
+
+def overview_points(overview: Overview, tag: str) -> Points | None:
+    """``tag``'s blocks as their min/max points (``exact`` False), None without rows."""
+    rows = overview.tag_rows(tag)
+    if rows is None or not len(rows):
+        return None
+    steps, values = points(rows)
+    return Points(steps, values.astype(np.float32), exact=False)
+
+
 def _stat_key(path: Path) -> tuple | None:
     try:
         st = path.stat()
@@ -162,17 +189,10 @@ class _Rank:
     def _from_overview(self) -> bool:
         """Serve this rank from its writer's overview when that is complete and still
         true of the files (the writer closed: the rank wrote its last record)."""
-        overview = read_overview(self.path)
-        if overview is None:
+        done = done_overview(self.path, self.job_ranks)
+        if done is None:
             return False
-        scalars = len(overview.rows) * BLOCK
-        if scalars < OVERVIEW_MIN_SCALARS and scalars * self.job_ranks < OVERVIEW_MIN_JOB_SCALARS:
-            return False  # small enough, rank and job, to decode at once
-        files = [p for p in self.path.iterdir() if is_summary_file(p.name)]
-        marker = read_marker_file(self.path / MARKER)
-        status = run_status(marker, files)
-        if status == "running":
-            return False
+        overview, files, status = done
         last = None
         for tag in overview.tags:
             rows = overview.tag_rows(tag)
@@ -190,10 +210,9 @@ class _Rank:
     def _overview_points(self, tag: str) -> Points | None:
         points_ = self.series.get(tag)
         if points_ is None and self.overview is not None:
-            rows = self.overview.tag_rows(tag)
-            if rows is not None and len(rows):
-                steps, values = points(rows)
-                points_ = self.series[tag] = Points(steps, values.astype(np.float32), exact=False)
+            points_ = overview_points(self.overview, tag)
+            if points_ is not None:
+                self.series[tag] = points_
         return points_
 
     def blocks(self, tag: str) -> np.ndarray | None:

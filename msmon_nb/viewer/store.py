@@ -6,7 +6,11 @@ client asks for its data; from then on the watcher's ``poll()`` tails it, so req
 never read files and two requests never load the same run twice.
 
 A distributed run laid out as ``rank_<k>/`` dirs is held as a ``RankedRun`` (``rankmerge.py``:
-rank by rank, done ranks kept compact); any other run as a ``Run``. Series merged across
+rank by rank, done ranks kept compact); any other run as a ``Run``. A big finished
+single-process run is drawn from its writer's overview first, as the done ranks of a job
+are (``rankmerge.done_overview``): a million steps are 180 MB of events, seconds to decode
+before the first chart, and the unzoomed charts need a few thousand points; the first
+request that needs its events (a zoom, its snapshots) loads it. Series merged across
 ranks are computed once per run version and kept. Cross-rank alerts are evaluated by a
 worker thread (``crossrank.py``) whenever a run with several ranks is loaded or grows.
 
@@ -28,11 +32,18 @@ from typing import Any
 
 from msmon_nb.diagnose.rankrules import with_cross_rank
 from msmon_nb.events.index import RunIndex, RunInfo
+from msmon_nb.events.overview import Overview
 from msmon_nb.events.rankmerge import Merged, merge_ranks
 from msmon_nb.events.runs import Run
-from msmon_nb.rundir import ALERTS, INTERVENTIONS, SNAPSHOTS, per_rank_files
+from msmon_nb.rundir import ALERTS, INTERVENTIONS, SNAPSHOTS, per_rank_files, rank_dirs
 from msmon_nb.viewer.crossrank import CrossRankAlerts
-from msmon_nb.viewer.rankmerge import RankedRun, RankView, is_ranked
+from msmon_nb.viewer.rankmerge import (
+    RankedRun,
+    RankView,
+    done_overview,
+    is_ranked,
+    overview_points,
+)
 
 CROSS_RANK_WAIT = 1.0  # s an /api/alerts request waits for cross-rank rules in progress
 
@@ -76,6 +87,9 @@ class _Loaded:
     loaded: bool = False
     signature: tuple = ()
     version: int = 0  # bumped whenever the run's data or status changes
+    # while not loaded, a finished single-process run's overview (or None when it has no
+    # usable one), with the listing's signature it was read at
+    cold: tuple[tuple, Overview | None] | None = None
     merged: dict[str, tuple[int, Merged]] = field(default_factory=dict)
 
 
@@ -199,6 +213,7 @@ class RunStore:
                     else:
                         entry.run.refresh()
                     entry.loaded = True
+                    entry.cold = None
                     entry.version += 1
                     with self._lock:
                         info = self._infos.get(name)
@@ -218,12 +233,42 @@ class RunStore:
         naming the known tags); ``rank=None`` serves the lowest rank, and says which
         (under the run's lock: the ranks may grow between two calls); ``exact``: never
         from an overview (a zoom asks for raw points)."""
+        if not exact:
+            cold = self._cold(name, rank)
+            if cold is not None:
+                served, overview = cold
+                points = overview_points(overview, tag)
+                if points is None:
+                    known = ", ".join(sorted(overview.tags)) or "none"
+                    raise KeyError(f"run {name!r} has no scalar tag {tag!r}; it has: {known}")
+                return served, points
         entry = self.run(name)
         with entry.lock:
             served = min(entry.run.ranks) if rank is None else rank
             if isinstance(entry.run, RankedRun):
                 return served, entry.run.scalars(tag, rank=rank, exact=exact)
             return served, entry.run.scalars(tag, rank=rank)
+
+    def _cold(self, name: str, rank: int | None) -> tuple[int, Overview] | None:
+        """``(rank, overview)`` while run ``name`` is a finished single-process run, not
+        loaded, whose writer's overview can serve its unzoomed charts; else None."""
+        entry = self._entry(name)
+        with self._lock:
+            info = self._infos.get(name)
+        if entry.loaded or not isinstance(entry.run, Run) or info is None:
+            return None
+        served = info.ranks[0] if info.ranks else 0
+        if len(info.ranks) > 1 or (rank is not None and rank != served):
+            return None
+        with entry.lock:
+            if entry.loaded:
+                return None
+            if entry.cold is None or entry.cold[0] != info.signature:
+                path = Path(info.path)
+                done = None if rank_dirs(path) else done_overview(path)
+                entry.cold = (info.signature, done[0] if done else None)
+            overview = entry.cold[1]
+        return None if overview is None else (served, overview)
 
     def merged(self, name: str, tag: str, exact: bool = False) -> Merged:
         """``tag`` merged across the run's ranks (computed once per run version);
@@ -279,6 +324,9 @@ class RunStore:
 
     def snapshots(self, name: str) -> list[dict[str, Any]]:
         """The run's tensor snapshots with their stats and histograms."""
+        entry = self._entry(name)
+        if not entry.loaded and not _any_file(per_rank_files(entry.run.path, SNAPSHOTS)):
+            return []  # none taken: no reason to decode the run (a page asks on opening it)
         entry = self.run(name)
         with entry.lock:
             return entry.run.snapshots
@@ -344,6 +392,17 @@ def _tags(run: Run | RankedRun, rank: int) -> list[str]:
 def _step_key(alert: dict[str, Any]) -> int:
     step = alert.get("step")
     return step if isinstance(step, int) else -1
+
+
+def _any_file(paths: list[Path]) -> bool:
+    """True when any of ``paths`` is a file with something in it."""
+    for path in paths:
+        try:
+            if path.stat().st_size:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _side_signature(run_dir: Path) -> tuple:
