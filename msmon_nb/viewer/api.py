@@ -97,10 +97,7 @@ def charts(store: RunStore, query: Mapping[str, list[str]]) -> Any:
         # order), which the sorted listing lost: that order first, the rest after it
         recorded: dict[str, None] = {}
         for name in names:
-            entry = store.run(name)
-            with entry.lock:
-                order = getattr(entry.run, "recorded_tags", None)
-                recorded.update(dict.fromkeys(order() if order else []))
+            recorded.update(dict.fromkeys(store.recorded_tags(name)))
         tags = [t for t in recorded if t in set(tags)] + [t for t in tags if t not in recorded]
     return [chart.as_json() for chart in plan_charts(tags, placeholders=False)]
 

@@ -249,6 +249,18 @@ class RunStore:
                 return served, entry.run.scalars(tag, rank=rank, exact=exact)
             return served, entry.run.scalars(tag, rank=rank)
 
+    def recorded_tags(self, name: str) -> list[str]:
+        """Run ``name``'s scalar tags in the order first recorded (a heatmap's rows:
+        forward order); [] where unknown (a job of ranks). A run still drawn from its
+        overview answers from it (its tags are in write order) without being decoded."""
+        cold = self._cold(name, None)
+        if cold is not None:
+            return list(cold[1].tags)
+        entry = self.run(name)
+        with entry.lock:
+            order = getattr(entry.run, "recorded_tags", None)
+            return order() if order is not None else []
+
     def _cold(self, name: str, rank: int | None) -> tuple[int, Overview] | None:
         """``(rank, overview)`` while run ``name`` is a finished single-process run, not
         loaded, whose writer's overview can serve its unzoomed charts; else None."""

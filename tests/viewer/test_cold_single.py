@@ -116,3 +116,24 @@ def test_a_run_changed_after_its_writer_closed_is_decoded(tmp_path, serve, decod
     client.json("/api/runs")  # a rescan sees the change, as the watcher's poll does
     status, body = client.json("/api/scalars" + q(run="long", tag="train/loss"))
     assert status == 200 and decoded == ["long"]
+
+
+def test_heatmap_rows_in_forward_order_without_decoding(tmp_path, serve, decoded):
+    """A heatmap's rows follow the order its modules were first recorded (forward order,
+    here neither alphabetical nor reversed): the overview keeps its tags in write order."""
+    run_dir = tmp_path / "acts"
+    modules = ["embed", "body", "aux"]
+    with EventWriter(run_dir, rank=0, block_secs=None) as writer:
+        for step in range(25_000):
+            writer.add_scalars(step, {"train/loss": 1.0, **{f"act/{m}/norm": float(step)
+                                                             for m in modules}})  # fmt: skip
+    marker = {"run_name": "acts", "status": "finished", "start": 1.7e9, "end": 1.7e9 + 60,
+              "rank": 0, "ranks": 1, "host": socket.gethostname(), "pid": os.getpid(),
+              "last_step": 24_999}  # fmt: skip
+    write_marker(run_dir, marker)
+    _, client = serve(tmp_path)
+    status, charts = client.json("/api/charts" + q(run="acts"))
+    assert status == 200, charts
+    (heatmap,) = [c for c in charts if c.get("kind") == "heatmap"]
+    assert heatmap["rows"] == modules, heatmap
+    assert decoded == []
