@@ -45,10 +45,11 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys")
+_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys", "msprobe")
 # per-module groups drawn as one chart per statistic, a line per module/parameter
 _PER_STAT = ("param/", "act/", "act_grad/")
 OPT_PREFIX = "opt/"
+_MSPROBE = "msprobe/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
 _OWN_CHART = {
@@ -244,6 +245,11 @@ def _chart_key(tag: str) -> str:
         # param grad_norm / weight_norm / moment1_norm..., act norm / act zero_frac...:
         # one chart per kind, a line per parameter or module
         return home.split("/", 1)[0] + " " + home.rsplit("/", 1)[-1]
+    if home.startswith(_MSPROBE) and home.count("/") >= 3:
+        # what msprobe's output keeps under its own names (events.msprobe),
+        # msprobe/<kind>/<name>/<op>: one chart per kind and op, a line per name
+        parts = home.split("/")
+        return f"msprobe {parts[1]} {parts[-1]}"
     return tag.split("/", 1)[0] + "/" if "/" in tag else tag
 
 
