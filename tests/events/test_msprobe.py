@@ -187,3 +187,10 @@ def test_rows_it_cannot_read_are_skipped(tmp_path):
     assert steps.tolist() == [0, 1] and values[0] == 0.5 and np.isnan(values[1])
     assert np.isnan(run.scalars("param/fc1.weight/grad_max_abs", rank=3).values[1])
     assert run.scalars("msprobe/grad_reduced/fc1.weight/nans", rank=3).values.tolist() == [0, 1]
+
+
+def test_export_says_it_converts_summary_runs_only(tmp_path):
+    from msmon_nb.export import load_run_lazily
+
+    with pytest.raises(FileNotFoundError, match="msprobe monitor output"):
+        load_run_lazily(DATA)
