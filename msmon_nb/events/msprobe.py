@@ -67,6 +67,28 @@ def tag_part(text: str) -> str:
     return cleaned or "x"
 
 
+# files whose header was proven msprobe's, by (path, inode): msprobe writes a file per
+# kind and window (per step by default: 1,600 files for 200 steps), and the viewer lists
+# runs every second, so each header is read once
+_PROVEN: set[tuple[str, int]] = set()
+_PROVEN_MAX = 500_000
+
+
+def _proven(entry: os.DirEntry) -> bool:
+    try:
+        key = (entry.path, entry.inode())
+    except OSError:
+        return False
+    if key in _PROVEN:
+        return True
+    if _header(Path(entry.path)) is None:
+        return False
+    if len(_PROVEN) >= _PROVEN_MAX:
+        _PROVEN.clear()
+    _PROVEN.add(key)
+    return True
+
+
 def _header(path: Path) -> list[str] | None:
     try:
         with open(path, encoding="utf-8", newline="") as fh:
@@ -75,6 +97,15 @@ def _header(path: Path) -> list[str] | None:
         return None
     row = next(csv.reader([first]), [])
     return row if tuple(row[:3]) == HEADER_START else None
+
+
+def has_csv(path: Path) -> bool:
+    """Whether ``path`` holds one msprobe CSV (stops at the first: detection only)."""
+    try:
+        with os.scandir(path) as entries:
+            return any(CSV_RE.match(e.name) and e.is_file() and _proven(e) for e in entries)
+    except OSError:
+        return False
 
 
 def csv_files(path: Path) -> list[tuple[Path, str]]:
@@ -87,7 +118,7 @@ def csv_files(path: Path) -> list[tuple[Path, str]]:
         return found
     for entry in entries:
         match = CSV_RE.match(entry.name)
-        if match and entry.is_file() and _header(Path(entry.path)) is not None:
+        if match and entry.is_file() and _proven(entry):
             found.append((Path(entry.path), match.group(1), int(match.group(2))))
     found.sort(key=lambda item: (item[1], item[2], item[0].name))
     return [(p, kind) for p, kind, _ in found]
@@ -105,7 +136,7 @@ def rank_dirs(path: str | os.PathLike[str]) -> dict[int, Path] | None:
     one job holding rank dirs with distinct ranks (module docstring).
     """
     p = Path(path)
-    if csv_files(p):
+    if has_csv(p):
         return {_rank_of(p.name) or 0: p}
     subs = _rank_subdirs(p)
     ranks = [rank for rank, _ in subs]
@@ -122,7 +153,7 @@ def _rank_subdirs(path: Path) -> list[tuple[int, Path]]:
     out = []
     for entry in sorted(entries, key=lambda e: e.name):
         rank = _rank_of(entry.name)
-        if rank is not None and csv_files(Path(entry.path)):
+        if rank is not None and has_csv(Path(entry.path)):
             out.append((rank, Path(entry.path)))
     return out
 
@@ -284,13 +315,70 @@ def file_signature(paths: list[Path]) -> tuple:
     return tuple(sig)
 
 
-def read_rank(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+Arrays = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def read_rank(path: Path) -> Arrays:
     """Every series of one msprobe rank dir: tag -> (steps, values, wall times), in the
     order written (windows in step order; ``Run`` sorts and applies the purge rule)."""
     out = Columns()
     for file, kind in csv_files(path):
         read_file(file, kind, out)
     return out.arrays()
+
+
+def _joined(parts: list[Arrays]) -> Arrays:
+    pieces: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for part in parts:
+        for tag, columns in part.items():
+            pieces.setdefault(tag, []).append(columns)
+    return {
+        tag: tuple(np.concatenate(c) for c in zip(*cols, strict=True))  # type: ignore[misc]
+        for tag, cols in pieces.items()
+    }
+
+
+class RankReader:
+    """One msprobe rank dir, read incrementally: a file is parsed again only when it
+    changed (msprobe adds a file per window, one per step by default, and appends rows to
+    the current window's file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._parsed: dict[Path, tuple[tuple[int, int], Arrays]] = {}
+
+    def poll(self) -> tuple[bool, Arrays] | None:
+        """None when nothing changed; else ``(whole, series)``: ``whole`` True with every
+        series when a file read before changed or went, False with the new files' series
+        only when files were only added."""
+        listing = csv_files(self.path)
+        files = [f for f, _ in listing]
+        new: list[Path] = []
+        whole = False
+        for file, kind in listing:
+            try:
+                st = file.stat()
+            except OSError:
+                continue
+            sig = (st.st_size, st.st_mtime_ns)
+            before = self._parsed.get(file)
+            if before is not None and before[0] == sig:
+                continue
+            out = Columns()
+            read_file(file, kind, out)
+            self._parsed[file] = (sig, out.arrays())
+            if before is None:
+                new.append(file)
+            else:
+                whole = True
+        for gone in set(self._parsed) - set(files):
+            del self._parsed[gone]
+            whole = True
+        if whole:
+            return True, _joined([self._parsed[f][1] for f in files if f in self._parsed])
+        if new:
+            return False, _joined([self._parsed[f][1] for f in new])
+        return None
 
 
 def status(paths: list[Path], now: float) -> str:

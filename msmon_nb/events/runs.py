@@ -244,7 +244,7 @@ class Run:
         self._read_marker()
         # msprobe's CSV dirs read as a run (detected by content, never for a dir of ours)
         self._msprobe: dict[int, Path] | None = None
-        self._msprobe_sig: dict[int, tuple] = {}
+        self._msprobe_readers: dict[int, msprobe.RankReader] = {}
         if self.marker is None and not run_files(self.path):
             self._msprobe = msprobe.rank_dirs(self.path)
 
@@ -294,17 +294,22 @@ class Run:
         return new
 
     def _refresh_msprobe(self) -> bool:
-        """Re-read each msprobe rank whose CSV files changed (they are small, and msprobe
-        appends rows to a window's file, so a rank is read whole)."""
+        """Read what each msprobe rank added (``events.msprobe.RankReader``: new files
+        appended, a changed one re-read and the rank rebuilt from what was parsed)."""
         self._msprobe = msprobe.rank_dirs(self.path) or self._msprobe or {}
         new = False
         for rank, path in self._msprobe.items():
-            sig = msprobe.file_signature([f for f, _ in msprobe.csv_files(path)])
-            if self._msprobe_sig.get(rank) == sig:
+            reader = self._msprobe_readers.get(rank)
+            if reader is None or reader.path != path:
+                reader = self._msprobe_readers[rank] = msprobe.RankReader(path)
+            polled = reader.poll()
+            if polled is None:
                 continue
-            self._msprobe_sig[rank] = sig
-            data = self._ranks[rank] = _RankData()
-            for tag, (steps, values, walls) in msprobe.read_rank(path).items():
+            whole, arrays = polled
+            if whole or rank not in self._ranks:
+                self._ranks[rank] = _RankData()
+            data = self._ranks[rank]
+            for tag, (steps, values, walls) in arrays.items():
                 data._add_scalar_columns(tag, steps, values, walls)
                 # rows carry no wall time (their file's mtime stands in): the last step
                 # is the highest step written

@@ -194,3 +194,25 @@ def test_export_says_it_converts_summary_runs_only(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="msprobe monitor output"):
         load_run_lazily(DATA)
+
+
+def test_new_window_files_are_appended_and_a_rewritten_one_is_reread(tmp_path):
+    out = tmp_path / rank_dir(0).name
+    out.mkdir()
+    for path in rank_dir(0).glob("*_0-4.csv"):
+        shutil.copy(path, out / path.name)
+    run = mm.load_run(out)
+    assert sorted(series(run, "act/fc1/norm")) == [0, 1, 2, 3, 4]
+    for path in rank_dir(0).glob("*_5-9.csv"):  # msprobe starts the next window
+        shutil.copy(path, out / path.name)
+    assert run.refresh()
+    want = column(0, "actv", "fc1.output", "norm")
+    close(series(run, "act/fc1/norm"), {s: want[s] for s in range(10)})
+    assert run.last_step == 9
+    # a window file rewritten with fewer rows: the rank is rebuilt from what is on disk
+    window = out / "actv_5-9.csv"
+    window.write_text("".join(window.read_text().splitlines(keepends=True)[:7]))
+    assert run.refresh()
+    assert sorted(series(run, "act/fc1/norm")) == [0, 1, 2, 3, 4, 5]
+    close(series(run, "param/fc1.weight/grad_norm"),
+          {s: v for s, v in column(0, "grad_reduced", "fc1.weight", "norm").items() if s < 10})  # fmt: skip
