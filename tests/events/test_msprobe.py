@@ -214,5 +214,5 @@ def test_new_window_files_are_appended_and_a_rewritten_one_is_reread(tmp_path):
     window.write_text("".join(window.read_text().splitlines(keepends=True)[:7]))
     assert run.refresh()
     assert sorted(series(run, "act/fc1/norm")) == [0, 1, 2, 3, 4, 5]
-    close(series(run, "param/fc1.weight/grad_norm"),
-          {s: v for s, v in column(0, "grad_reduced", "fc1.weight", "norm").items() if s < 10})  # fmt: skip
+    grads = column(0, "grad_reduced", "fc1.weight", "norm")
+    close(series(run, "param/fc1.weight/grad_norm"), {s: v for s, v in grads.items() if s < 10})
