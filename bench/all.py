@@ -59,6 +59,9 @@ BENCHES = (
     Bench("layers", (), ("--smoke",)),
     Bench("overhead", ("--rounds", "10"),
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),
+    # msprobe's arms run where MSMON_MSPROBE_PATH names a dir it is installed in (else
+    # they are skipped with a line saying how to install it)
+    Bench("msprobe_cost", (), ("--steps", "3", "--rounds", "1")),
     Bench("scale", ("--repeats", "5"), ("--repeats", "1", "--sizes", "1M")),
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
     Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every,ring,off")),

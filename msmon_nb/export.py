@@ -167,6 +167,11 @@ def load_run_lazily(run_dir: str | os.PathLike[str]) -> Run:
     path = Path(run_dir)
     if not path.is_dir() or not is_run_dir(path):
         load_run(path)  # raises the clear "no run at ..." error
+        raise FileNotFoundError(
+            f"{str(run_dir)!r} is msprobe monitor output: its CSV files are already a table "
+            "per kind; msmon export converts summary runs (read this one with "
+            "msmon_nb.load_run or msmon view)"
+        )
     return Run(path)  # its files are found when asked for; nothing is read
 
 

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from msmon_nb.events import msprobe
 from msmon_nb.events.bulk import BulkScalarDecoder
 from msmon_nb.events.crc import masked_crc32c
 from msmon_nb.events.framing import HEADER, HEADER_SIZE, OVERHEAD
 from msmon_nb.events.reader import EventDecoder, RecordReader
+from msmon_nb.events.runs import Run
 from msmon_nb.rundir.layout import (
     MARKER,
     combined_status,
@@ -201,14 +203,21 @@ class RunIndex:
         self._markers: dict[Path, tuple[tuple[int, int], dict | None]] = {}
         self._touched: set[Path] = set()  # markers looked at by the current scan
         self._clock = clock
+        self._msprobe_runs: dict[Path, Run] = {}
 
     def run_dirs(self) -> dict[str, Path]:
         """Run name (path relative to the base, posix) -> run dir; {} when no base."""
         if not self.base.is_dir():
             return {}
         out = {}
-        for path in find_run_dirs(self.base):
+        found = find_run_dirs(self.base)
+        for path in found:
             path = self._job_dir(path)
+            rel = path.relative_to(self.base).as_posix()
+            out[rel if rel != "." else path.name] = path
+        for path in msprobe.find_runs(self.base):
+            if any(path == run or run in path.parents for run in found):
+                continue
             rel = path.relative_to(self.base).as_posix()
             out[rel if rel != "." else path.name] = path
         return out
@@ -272,11 +281,37 @@ class RunIndex:
             del self._markers[gone]
         return sorted(infos, key=lambda i: i.name)
 
+    def _msprobe_info(self, name: str, path: Path) -> RunInfo:
+        """An msprobe run's info: its CSV files are small, so it is read whole (a ``Run``
+        kept per dir re-reads only the ranks whose files changed)."""
+        run = self._msprobe_runs.get(path)
+        if run is None:
+            run = self._msprobe_runs[path] = Run(path, name=name)
+        run.refresh()
+        files = run.files
+        signature = (msprobe.file_signature(files), run.status)
+        ranks = tuple(run.ranks)
+        return RunInfo(
+            name=name,
+            path=str(path),
+            tags=tuple(run.tags()),
+            last_step=run.last_step,
+            last_write=run.last_write,
+            status=run.status,
+            ranks=ranks,
+            exact=True,
+            signature=signature,
+            rank_last_step=run.rank_last_step(),
+            rank_status={},
+        )
+
     def info(self, name: str, path: Path) -> RunInfo:
         """One run's info (rescanning only what changed)."""
         return self._info(name, path, set())
 
     def _info(self, name: str, path: Path, seen: set[Path]) -> RunInfo:
+        if not (path / MARKER).exists() and msprobe.is_msprobe_run(path):
+            return self._msprobe_info(name, path)
         files = run_files(path)
         scans = []
         for file, rank in files:

@@ -2,8 +2,10 @@
 
 A run is a directory holding summary files (``summary.<digits>`` in the name, MindSpore's
 ``_lineage`` side files excluded), our ``msmon_run.json`` marker, or ``rank_<k>/``
-sub-directories with summary files. Files of one rank are read in timestamp order; each
-file is tailed, so ``Run.refresh()`` costs only what was appended.
+sub-directories with summary files; or msprobe monitor's CSV output (``events.msprobe``:
+its values under our tags where they mean the same, the rest under ``msprobe/``). Files
+of one rank are read in timestamp order; each file is tailed, so ``Run.refresh()`` costs
+only what was appended.
 
 Repeated steps (a restart from a checkpoint) follow TensorBoard's purge rule, per tag:
 when a step is written that is not greater than a step written before it, every earlier
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from msmon_nb.events import msprobe
 from msmon_nb.events.bulk import BulkScalarDecoder
 from msmon_nb.events.rankmerge import merge_ranks
 from msmon_nb.events.reader import EventDecoder, Problem, RecordReader
@@ -238,6 +242,11 @@ class Run:
         self._loaded = False
         self.marker: dict[str, Any] | None = None
         self._read_marker()
+        # msprobe's CSV dirs read as a run (detected by content, never for a dir of ours)
+        self._msprobe: dict[int, Path] | None = None
+        self._msprobe_readers: dict[int, msprobe.RankReader] = {}
+        if self.marker is None and not run_files(self.path):
+            self._msprobe = msprobe.rank_dirs(self.path)
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, path={str(self.path)!r})"
@@ -248,6 +257,8 @@ class Run:
         self.marker = read_marker_file(self.path / MARKER)
 
     def _discover(self) -> None:
+        if self._msprobe is not None:
+            return
         for path, rank in run_files(self.path):
             if path not in self._files:
                 self._files[path] = _FileState(RecordReader(path), rank)
@@ -259,6 +270,8 @@ class Run:
         that report long cold loads.
         """
         self._loaded = True
+        if self._msprobe is not None:
+            return self._refresh_msprobe()
         self._read_marker()
         self._discover()
         new = False
@@ -280,6 +293,37 @@ class Run:
                     progress(min(done, todo), todo)
         return new
 
+    def _refresh_msprobe(self) -> bool:
+        """Read what each msprobe rank added (``events.msprobe.RankReader``: new files
+        appended, a changed one re-read and the rank rebuilt from what was parsed)."""
+        self._msprobe = msprobe.rank_dirs(self.path) or self._msprobe or {}
+        new = False
+        for rank, path in self._msprobe.items():
+            reader = self._msprobe_readers.get(rank)
+            if reader is None or reader.path != path:
+                reader = self._msprobe_readers[rank] = msprobe.RankReader(path)
+            polled = reader.poll()
+            if polled is None:
+                continue
+            whole, arrays = polled
+            if whole or rank not in self._ranks:
+                self._ranks[rank] = _RankData()
+            data = self._ranks[rank]
+            for tag, (steps, values, walls) in arrays.items():
+                data._add_scalar_columns(tag, steps, values, walls)
+                # rows carry no wall time (their file's mtime stands in): the last step
+                # is the highest step written
+                top = int(np.argmax(steps))
+                if data.last_step is None or steps[top] > data.last_step:
+                    data.last_step, data.last_wall = int(steps[top]), float(walls[top])
+            new = True
+        return new
+
+    @property
+    def is_msprobe(self) -> bool:
+        """Whether the run is msprobe monitor's CSV output (``events.msprobe``)."""
+        return self._msprobe is not None
+
     def _load(self) -> None:
         if not self._loaded:
             self.refresh()
@@ -288,7 +332,9 @@ class Run:
 
     @property
     def files(self) -> list[Path]:
-        """Summary files of the run, in reading order."""
+        """Summary files of the run, in reading order (an msprobe run's CSV files)."""
+        if self._msprobe is not None:
+            return [f for d in self._msprobe.values() for f, _ in msprobe.csv_files(d)]
         self._discover()
         return sorted(self._files, key=summary_file_key)
 
@@ -300,6 +346,8 @@ class Run:
 
     def file_ranks(self) -> list[int]:
         """Ranks that wrote files, from the file names alone (no data is read)."""
+        if self._msprobe is not None:
+            return sorted(self._msprobe) or [0]
         self._discover()
         return sorted({state.rank for state in self._files.values()}) or [0]
 
@@ -307,6 +355,8 @@ class Run:
     def distributed(self) -> bool:
         """Whether the run was written by several processes (``rank_<k>`` dirs, or files
         of more than one rank)."""
+        if self._msprobe is not None:
+            return len(self._msprobe) > 1
         self._discover()
         return any(rank_of_dir(p.parent.name) is not None for p in self._files) or (
             len(self.file_ranks()) > 1
@@ -430,6 +480,8 @@ class Run:
         return status
 
     def _base_status(self) -> str:
+        if self._msprobe is not None:
+            return msprobe.status(self.files, time.time())
         by_rank = self.rank_status()
         if by_rank:
             return combined_status(by_rank.values())
@@ -564,10 +616,11 @@ def load_run(path: str | os.PathLike[str]) -> Run:
         p = p.parent
     if not p.is_dir():
         raise FileNotFoundError(f"no run at {str(path)!r}: not a directory")
-    if not is_run_dir(p):
+    if not is_run_dir(p) and not msprobe.is_msprobe_run(p):
         raise FileNotFoundError(
             f"no run at {str(path)!r}: it holds no summary files "
-            "(names with 'summary.<digits>') and no msmon_run.json"
+            "(names with 'summary.<digits>'), no msmon_run.json and no msprobe monitor "
+            "output (<kind>_<a>-<b>.csv files with a 'vpp_stage,name,step' header)"
         )
     run = Run(p)
     run.refresh()
@@ -580,9 +633,19 @@ def load_runs(base: str | os.PathLike[str]) -> list[Run]:
     if not base_path.is_dir():
         raise FileNotFoundError(f"summary base dir {str(base)!r} does not exist")
     runs = []
-    for path in find_run_dirs(base_path):
+    for path in all_run_dirs(base_path):
         rel = path.relative_to(base_path).as_posix()
         run = Run(path, name=rel if rel != "." else path.name)
         run.refresh()
         runs.append(run)
     return sorted(runs, key=lambda r: r.name)
+
+
+def all_run_dirs(base: Path) -> list[Path]:
+    """Run dirs under ``base``: ours and MindSpore's (``find_run_dirs``), then msprobe's
+    outside them (``events.msprobe.find_runs``)."""
+    found = find_run_dirs(base)
+    for path in msprobe.find_runs(base):
+        if not any(path == run or run in path.parents for run in found):
+            found.append(path)
+    return found

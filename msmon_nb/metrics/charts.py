@@ -53,7 +53,7 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys")
+_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys", "msprobe")
 # per-parameter groups drawn as one chart per statistic, a line per parameter
 _PER_STAT = ("param/",)
 # per-module groups drawn as one heatmap each: module x step, one statistic at a time
@@ -71,6 +71,7 @@ HEATMAP_NOTE = (
     "the statistic is positive; red cells: non-finite, or the module's nonfinite count > 0"
 )
 OPT_PREFIX = "opt/"
+_MSPROBE = "msprobe/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
 _OWN_CHART = {
@@ -328,6 +329,11 @@ def _chart_key(tag: str) -> str:
     for prefix in HEATMAP_PREFIXES:
         if home.startswith(prefix):
             return prefix
+    if home.startswith(_MSPROBE) and home.count("/") >= 3:
+        # what msprobe's output keeps under its own names (events.msprobe),
+        # msprobe/<kind>/<name>/<op>: one chart per kind and op, a line per name
+        parts = home.split("/")
+        return f"msprobe {parts[1]} {parts[-1]}"
     return tag.split("/", 1)[0] + "/" if "/" in tag else tag
 
 
