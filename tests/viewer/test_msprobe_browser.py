@@ -60,12 +60,16 @@ def test_page_draws_an_msprobe_runs_charts_per_rank(browser, serve, tmp_path):  
     tags = page.evaluate(
         "() => [...document.querySelectorAll('#charts .msmon-chart')].map(e => e.dataset.msmonTag)"
     )
-    assert "act/act/norm" in tags and "msprobe/actv/act.input/norm" in tags
-    order = [tags.index(t) for t in (FIRST, "act/act/norm", "msprobe/actv/act.input/norm")]
+    assert "msprobe/actv/act.input/norm" in tags
+    order = [tags.index(t) for t in (FIRST, "msprobe/actv/act.input/norm")]
     assert order == sorted(order)
-    wait_for(page, f"(t) => ({DRAWN})(t)?.lines.length === 6", "act/act/norm")  # 3 modules, 2 ranks
-    act = {line["label"]: line for line in page.evaluate(DRAWN, "act/act/norm")["lines"]}
+    # its activations: the heatmap (a row per module, the lowest rank's), norm first
+    heat = "#charts .msmon-heatmap"
+    wait_for(page, f"() => document.querySelector('{heat}')?.msmonChart.drawn().cols.length === 12",
+             None)  # fmt: skip
+    drawn = page.evaluate(f"() => document.querySelector('{heat}').msmonChart.drawn()")
+    assert drawn["stat"] == "norm" and "fc1" in drawn["rows"], drawn["rows"]
     want = column(0, "actv", "fc1.output", "norm")
-    np.testing.assert_allclose(act["act/fc1/norm rank 0"]["ys"], [want[s] for s in range(12)],
-                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(drawn["cells"][drawn["rows"].index("fc1")],
+                               [want[s] for s in range(12)], rtol=1e-6)  # fmt: skip
     assert problems == []
