@@ -47,6 +47,7 @@ import inspect
 import logging
 import types
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from msmon_nb.collect.hooks import closure_filled, compile_cache, is_optimizer, jit_api
@@ -100,8 +101,14 @@ class Recompiler:
     ``wrapped``: the Cell classes the taps wrap and the objects they change in place
     (asked once, at the first decision)."""
 
-    def __init__(self, wrapped: Callable[[], tuple[Any, ...]] = tuple) -> None:
+    def __init__(
+        self,
+        wrapped: Callable[[], tuple[Any, ...]] = tuple,
+        around: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    ) -> None:
         self.cache = compile_cache()
+        # entered around a keyed train cell's compile (``StepTaps.compiling``)
+        self._around = around or (lambda cell: nullcontext())
         self._patches = Patches()
         self._ask = wrapped
         self._wrapped: tuple[tuple[type, ...], tuple[Any, ...]] | None = None
@@ -192,7 +199,8 @@ class Recompiler:
         def compile(executor, obj, *args, phase="predict", **kwargs):
             if not keyed(obj, phase):
                 return compile_(executor, obj, *args, phase=phase, **kwargs)
-            out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
+            with self._around(obj):
+                out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
             full = out[0] if isinstance(out, tuple) and out else out
             if isinstance(full, str):
                 self._keyed_phases.append((obj, full))

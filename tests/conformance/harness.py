@@ -87,7 +87,7 @@ DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW, POISON = 2.0**120, 16, 2, 1e4
 CLIP = 0.05  # below every step's gradient norm here, so every step clips
 # suites whose train cells accumulate with MindSpore's own accumulation op
 # (``mindspore.boost.grad_accumulation``), seen inside their graphs: micro_grad_norm
-MICRO_IN_GRAPH = ("mindcv", "mindone")
+MICRO_IN_GRAPH = ("mindcv", "mindone", "mindocr")
 MICRO = 2  # micro-batches per update under "accumulate"
 # (clip_accumulate: a suite cell's only; host_accumulate: a jit loop's only)
 ACCUMULATING = ("accumulate", "clip_accumulate", *HOST)

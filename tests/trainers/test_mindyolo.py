@@ -230,3 +230,36 @@ def test_host_accumulation_of_micro_batches(tmp_path, jit):
     )
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+
+# found, not fixed (collect/gradsource.py StepPattern): a host-accumulating step holds
+# both micro-batches' calls in one step, so no step ever clips without an update and
+# clipping each micro-batch is not recognised; grad_norm is the root of the summed
+# squares of the two clip inputs (43.31 where the summed gradient's norm is 41.37) and,
+# with ms_jit, micro_grad_norm the clipped norm (2.0): wrong numbers, no warning
+PER_MICRO_CLIP_UNSEEN = pytest.mark.xfail(
+    strict=True, reason="host accumulation with clip_grad: per-micro clipping not recognised"
+)
+
+
+@PER_MICRO_CLIP_UNSEEN
+@pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
+def test_host_accumulation_clipping_each_micro_batch_is_said_not_hidden(tmp_path, jit):
+    """``accumulate=2`` with ``clip_grad``: MindYOLO clips each micro-batch's gradients
+    before the host adds them, so the accumulated gradient before clipping never exists:
+    no grad_norm, one warning; micro_grad_norm is each micro-batch's norm before
+    clipping (as for MindCV's TrainStep, ``test_mindcv.py``)."""
+    plain_net, plain_opt, plain_step, plain_scaler = build(jit, 2.0, "static", 1024.0)
+    expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
+    net, opt, step, scaler = build(jit, 2.0, "static", 1024.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+            drive_accumulating(step, scaler, opt)
+    told = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
+    run = load_run(mon.run_dir)
+    assert "train/grad_norm" not in list(run.tags()), told
+    assert sum("clips each micro-batch" in t for t in told) == 1, told
+    micro = run.scalars("train/micro_grad_norm")
+    np.testing.assert_allclose(micro.values, [max(e[2]) for e in expected], rtol=1e-3)
+    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
