@@ -197,6 +197,10 @@ class Watch:
         self.param_norms: tuple[Sequence[str], Any] | None = None
         self.update: Any = None  # the torch-style update that ended the step (torchstyle)
         self.losses: list[Any] = []  # earlier micro-batches' losses this step
+        # each earlier micro-batch's norm before a clip of its own (``_note_micro_clip``),
+        # and the clip calls counted when the last was taken
+        self.micro_clipped: list[float] = []
+        self.clips_at: int | None = None
 
     # --- patching -----------------------------------------------------------------------
 
@@ -701,8 +705,11 @@ class Watch:
             # an update skipped for a loss-scale overflow: no optimizer call ends the step
             skipped = self.overflowed and self.opt is None and kind in ("grad", "jit")
             if (kind in ("opt", "cell") or self.opt_seen) and not skipped:
+                if kind in ("grad", "jit"):  # the next micro-batch of an accumulating step
+                    self._guard(self._note_micro_clip)
                 return
             if kind in ("grad", "jit") and not skipped and self._hold(kind):
+                self._guard(self._note_micro_clip)
                 return
             self._finish()
         rec = self.monitor
@@ -788,6 +795,22 @@ class Watch:
             return None
         return self._guard(tap.recompiler.call_updates)
 
+    def _note_micro_clip(self) -> None:
+        """A micro-batch's call joins a collected step (host accumulation): if clip
+        calls ran since the step began, before this call, an earlier micro-batch was
+        clipped on its own (MindYOLO's ``clip_grad`` with ``accumulate``): the step
+        clips each micro-batch, and that micro-batch's norm before clipping is kept (the
+        clip sum zeroed for the next). Without this, one step's clip sum mixed both
+        micro-batches' (43.31 recorded for an accumulated norm of 41.37)."""
+        tap = self.tap
+        if not self.collect or tap is None or not tap.begun:
+            return
+        clips = tap.graph.counts()[0]
+        since = self.clips_at if self.clips_at is not None else tap.reading.begun.clips
+        if clips > since:
+            self.micro_clipped.append(tap.graph.clip_norm())
+            self.clips_at = clips
+
     def _take_jit_output(self, out: Any, grads: Any = None) -> None:
         """A collected jit step's output: its loss (first), and its gradients or their
         norm. ``grads``: the gradient tuple it returned (``_returned_gradients``).
@@ -862,6 +885,12 @@ class Watch:
                     seen.produced /= scale
         if seen.produced is not None and self.micro:
             seen.micro = [*self.micro, seen.produced]
+        per_micro = tap.pattern.per_micro_clip if tap is not None else False
+        if self.micro_clipped and seen.clip_input is not None:
+            # each micro-batch clipped before the host added them: their norms before
+            # clipping, the last one's what the tap read at the end
+            seen.micro = [*self.micro_clipped, seen.clip_input]
+            per_micro = True
         in_python = False  # seen.received is a norm taken here, not the tap's
         if self.update is not None:  # a torch-style update: its clip call (torchstyle)
             self._guard(self._torch.fill, seen, self.update)
@@ -877,7 +906,6 @@ class Watch:
             cell = self.owner if self.kind == "train_cell" else None
             warn = self.monitor.warn_once
             self._guard(unscale_received, seen, opt, in_python, warn, cell)
-        per_micro = tap.pattern.per_micro_clip if tap is not None else False
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
             self.monitor.warn_once(out.note, out.note)

@@ -147,8 +147,8 @@ def supported(case: Case) -> bool:
         return case.loop in ("cell", "model") and spec.family == "nn" and case.lr in spec.forms
     if case.scaling == "ema":
         return False
-    if case.scaling in HOST and case.loop != "jit":
-        return False
+    if case.scaling in HOST and (case.loop != "jit" or not spec.pynative):
+        return False  # (its optimizer is called from Python: an update in PyNative)
     if case.scaling == "optscale" and not (case.loop in ("cell", "model") and spec.loss_scale):
         return False  # a train cell's sens, undone by the optimizer's own loss_scale=
     if case.scaling == "trainer" and not (case.loop == "model" and spec.mindcv):

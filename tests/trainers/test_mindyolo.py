@@ -232,23 +232,16 @@ def test_host_accumulation_of_micro_batches(tmp_path, jit):
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
 
 
-# found, not fixed (collect/gradsource.py StepPattern): a host-accumulating step holds
-# both micro-batches' calls in one step, so no step ever clips without an update and
-# clipping each micro-batch is not recognised; grad_norm is the root of the summed
-# squares of the two clip inputs (43.31 where the summed gradient's norm is 41.37) and,
-# with ms_jit, micro_grad_norm the clipped norm (2.0): wrong numbers, no warning
-PER_MICRO_CLIP_UNSEEN = pytest.mark.xfail(
-    strict=True, reason="host accumulation with clip_grad: per-micro clipping not recognised"
-)
-
-
-@PER_MICRO_CLIP_UNSEEN
 @pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
 def test_host_accumulation_clipping_each_micro_batch_is_said_not_hidden(tmp_path, jit):
     """``accumulate=2`` with ``clip_grad``: MindYOLO clips each micro-batch's gradients
     before the host adds them, so the accumulated gradient before clipping never exists:
     no grad_norm, one warning; micro_grad_norm is each micro-batch's norm before
-    clipping (as for MindCV's TrainStep, ``test_mindcv.py``)."""
+    clipping (as for MindCV's TrainStep, ``test_mindcv.py``).
+
+    Before the watch noted clip calls between micro-batches, grad_norm here was the root
+    of the summed squares of both clip inputs (43.31 for an accumulated norm of 41.37),
+    unwarned, and with ``ms_jit`` micro_grad_norm the clipped norm (2.0)."""
     plain_net, plain_opt, plain_step, plain_scaler = build(jit, 2.0, "static", 1024.0)
     expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
     net, opt, step, scaler = build(jit, 2.0, "static", 1024.0)
