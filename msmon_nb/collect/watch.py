@@ -149,6 +149,8 @@ class Watch:
         self.batch_size: int | None = None
         self._norm_seen = False
         self._owners: dict[int, tuple[Any, Any]] = {}  # id -> (train cell/jit step, its optimizer)
+        # (ids of a jit function and its bound object) -> (function, object, its optimizer)
+        self._fn_optimizers: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self._told: tuple[Any, Any] = (None, None)  # (train cell, optimizer) told the recorder
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
@@ -485,7 +487,7 @@ class Watch:
                 if watch.batch_size is None:
                     obj = getattr(executor, "obj", None)
                     watch.batch_size = batch_size_of(args[1:] if obj is not None else args)
-                grads = _returned_gradients(out)
+                grads = watch._guard(watch._gradients_returned, out)
                 watch.jit_grads = grads is not None and watch._graph_updates() is False
                 if watch.collect:
                     if watch.jit_grads and watch.grads is not None:  # an earlier micro-batch's
@@ -779,6 +781,31 @@ class Watch:
         self._t_first = self.held_start
         self.held = []
 
+    def _gradients_returned(self, out: Any) -> Any:
+        """The gradients a top-level jit step returned: a tuple of tensors beside its
+        loss, shaped as the Parameters of the optimizer its function refers to where it
+        refers to one (``find_optimizer``, looked up once per function: MindYOLO's step
+        does); None otherwise. (A step that refers to no optimizer -- a micro-batch step
+        over ``value_and_grad(f, None, params)`` -- cannot be checked so: its tuple is
+        taken as gradients, as a ``return loss, grads`` always was.)"""
+        grads = _returned_gradients(out)
+        if grads is None:
+            return None
+        # (MindSpore makes the executor anew for each call: keyed by its function)
+        fn, obj = getattr(self.owner, "fn", None), getattr(self.owner, "obj", None)
+        known = self._fn_optimizers.get((id(fn), id(obj)))
+        if known is None or known[0] is not fn or known[1] is not obj:
+            known = (fn, obj, self._guard(find_optimizer, self.owner))
+            self._fn_optimizers[(id(fn), id(obj))] = known
+        opt = known[2]
+        if opt is None:
+            return grads
+        params = list(getattr(opt, "parameters", ()) or ())
+        if len(params) != len(grads):
+            return None
+        same = all(tuple(g.shape) == tuple(p.shape) for g, p in zip(grads, params, strict=True))
+        return grads if same else None
+
     def _expect_graph(self) -> None:
         """Before a top-level jit call: the recompiler notes the phase it compiles
         under (``Recompiler.expect_call``), to tell what its graph runs."""
@@ -833,6 +860,8 @@ class Watch:
             second = items[1]
             if hasattr(second, "shape") and int(getattr(second, "size", 0)) == 1:
                 self.grad_norm = second
+            elif isinstance(second, tuple | list) and flatten_tensors(second):
+                self.grads = second  # (as before: ``return loss, grads``)
 
     def _gradients(self) -> tuple[Any, Any, float, dict[str, float]]:
         """What the step that just ended shows of its gradients, as ``collect.gradsource``
