@@ -378,10 +378,12 @@ class MonitorCallback(Callback):
             network._msmon_taps = None
             mon.warn_once("tap failed", message)
 
+        def compile_() -> Any:
+            with tap.compiling(network):  # (MindOCR's accumulation: collect.opsview)
+                return network.compile(*inputs)
+
         try:
-            run_unwrapped_on_failure(
-                lambda: network.compile(*inputs), tap, [network], warn, "train cell"
-            )
+            run_unwrapped_on_failure(compile_, tap, [network], warn, "train cell")
         except Exception:  # the user's own: their Model.train meets it and raises it
             log.debug("msmon: the train cell did not compile", exc_info=True)
 

@@ -42,7 +42,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ from msmon_nb.collect.graph import (
     write_scalar,
 )
 from msmon_nb.collect.hooks import subclasses
+from msmon_nb.collect.opsview import swapped
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recompile import Recompiler
 
@@ -272,6 +273,26 @@ class GraphTaps:
 
         return accumulate
 
+    def assign_add(self, original: Any, factor: float) -> Any:
+        """``ops.assign_add`` as a train cell that accumulates with it sees it while it
+        compiles for the taps (``collect.opsview``): each floating gradient counted, its
+        squares times ``factor``**2 (the cell divided it by N before adding) added to the
+        micro-batch sum on collected steps; an integer (the cell's step counter) passes."""
+        on, total, calls = self.on, self.micro_sq, self.micro_calls
+        squared = factor * factor
+
+        def assign_add(variable, value):
+            if variable.dtype == ms.int32 or variable.dtype == ms.int64:
+                return original(variable, value)
+            token = ops.assign_add(calls, _ONE)
+            if on > 0:
+                token = ops.depend(_ONE, ops.assign_add(total, square_sum(value) * squared))
+            else:
+                token = ops.depend(_ZERO, token)
+            return original(variable, ops.depend(value, token))
+
+        return assign_add
+
     def _all_finite(self, original: Any) -> Any:
         flag, checks = self.overflows, self.checks
 
@@ -433,7 +454,7 @@ class StepTaps:
         self.optimizer = OptimizerTap(gate, each)
         self.graph = GraphTaps()
         # which compiled graphs compile again with the taps, and are dropped without them
-        self.recompiler = Recompiler(tapped_things)
+        self.recompiler = Recompiler(tapped_things, self.compiling)
         self.reading = Reading()  # the reader whose steps the counters are read for
         # read the optimizer's per-gradient norms too (diagnose.blame): the count of
         # them, the optimizer's parameter count; 0 reads none
@@ -474,6 +495,14 @@ class StepTaps:
         self.graph.install()
         if optimizer:
             self.optimizer.install()
+
+    def compiling(self, cell: Any) -> AbstractContextManager[bool]:
+        """Around the one compile of a train cell the taps make: a cell that accumulates
+        with ``ops.assign_add`` compiles with it tapped (``collect.opsview``); any other
+        compiles as it is."""
+        if not self.graph.installed:
+            return nullcontext(False)
+        return swapped(cell, self.graph.assign_add)
 
     def uninstall(self) -> None:
         self.optimizer.uninstall()

@@ -47,6 +47,7 @@ import inspect
 import logging
 import types
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from msmon_nb.collect.hooks import closure_filled, compile_cache, is_optimizer, jit_api
@@ -100,8 +101,14 @@ class Recompiler:
     ``wrapped``: the Cell classes the taps wrap and the objects they change in place
     (asked once, at the first decision)."""
 
-    def __init__(self, wrapped: Callable[[], tuple[Any, ...]] = tuple) -> None:
+    def __init__(
+        self,
+        wrapped: Callable[[], tuple[Any, ...]] = tuple,
+        around: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    ) -> None:
         self.cache = compile_cache()
+        # entered around a keyed train cell's compile (``StepTaps.compiling``)
+        self._around = around or (lambda cell: nullcontext())
         self._patches = Patches()
         self._ask = wrapped
         self._wrapped: tuple[tuple[type, ...], tuple[Any, ...]] | None = None
@@ -115,6 +122,10 @@ class Recompiler:
         self._keyed: list[Any] = []
         self._keyed_phases: list[tuple[Any, str]] = []
         self._cell_patches = Patches()
+        # the phase (and its graph executor) the watched top-level jit call compiled
+        # under (``expect_call``), and per phase whether its graph runs an update
+        self._called: tuple[str, Any] | None = None
+        self._updates: dict[str, bool] = {}
 
     @property
     def installed(self) -> bool:
@@ -142,6 +153,8 @@ class Recompiler:
                 cache.discard(phase)
         self._phases.clear()
         self._decided.clear()
+        self._updates.clear()
+        self._called = None
         drop_compiled(self._cells)
         self._cells.clear()
         self._cell_patches.restore()
@@ -186,7 +199,8 @@ class Recompiler:
         def compile(executor, obj, *args, phase="predict", **kwargs):
             if not keyed(obj, phase):
                 return compile_(executor, obj, *args, phase=phase, **kwargs)
-            out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
+            with self._around(obj):
+                out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
             full = out[0] if isinstance(out, tuple) and out else out
             if isinstance(full, str):
                 self._keyed_phases.append((obj, full))
@@ -228,11 +242,35 @@ class Recompiler:
         fn, obj = getattr(executor, "fn", None), getattr(executor, "obj", None)
         self._decided[(id(fn), id(obj), getattr(executor, "_create_time", None))] = (fn, obj, True)
 
+    def expect_call(self) -> None:
+        """A top-level jit call of the user's begins: the first phase compiled from now
+        on is its graph's (a nested jit function is inlined, it compiles nothing)."""
+        self._called = None
+
+    def call_updates(self) -> bool | None:
+        """Whether the graph the last expected call ran holds an optimizer update (by
+        its Parameters: ``optimizer_state``), read once per phase; None where no phase
+        was seen (not installed, or this MindSpore compiled it elsewhere). A jit step
+        called with ``optimizer_update=False`` (MindYOLO's host accumulation) compiles a
+        graph of its own without the optimizer's Parameters: that is how the watch
+        tells a micro-batch's call from an update without running anything."""
+        called = self._called
+        if called is None:
+            return None
+        phase, graphs = called
+        known = self._updates.get(phase)
+        if known is None:
+            known = self._updates[phase] = optimizer_state(graph_params(graphs, phase))
+        return known
+
     def _hook(self, original: Any) -> Any:
         recompiler = self
 
         def compile(executor, method_name, *args, **kwargs):
-            return recompiler.compile(original, executor, method_name, args, kwargs)
+            out = recompiler.compile(original, executor, method_name, args, kwargs)
+            if recompiler._called is None and isinstance(out, str):
+                recompiler._called = (out, getattr(executor, "_graph_executor", None))
+            return out
 
         return compile
 

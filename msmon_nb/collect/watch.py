@@ -90,6 +90,18 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, tuple | list) and value else value
 
 
+def _returned_gradients(out: Any) -> Any:
+    """The gradient tuple a jit step returned beside its loss: the first item after
+    the loss that is a non-empty tuple or list of tensors only; None if none is."""
+    items = out if isinstance(out, tuple | list) else ()
+    for item in items[1:]:
+        if isinstance(item, tuple | list) and item:
+            leaves = flatten_tensors(item)
+            if len(leaves) == len(item) and all(hasattr(t, "shape") for t in leaves):
+                return item
+    return None
+
+
 def _helper(executor: Any) -> str | None:
     """The name of a jit function MindSpore itself defines (``mindspore.amp``'s
     ``_grad_scale_map``/``_grad_unscale_map``/``_all_finite``, an optimizer's compiled
@@ -137,6 +149,8 @@ class Watch:
         self.batch_size: int | None = None
         self._norm_seen = False
         self._owners: dict[int, tuple[Any, Any]] = {}  # id -> (train cell/jit step, its optimizer)
+        # (ids of a jit function and its bound object) -> (function, object, its optimizer)
+        self._fn_optimizers: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self._told: tuple[Any, Any] = (None, None)  # (train cell, optimizer) told the recorder
         self.gate: Any = None  # collect.skip.SkipGate when alerts ask for action: skip
         self._loss_tapped: list[Any] = []  # train cells whose network got a LossTap
@@ -162,6 +176,11 @@ class Watch:
         self.lr: Any = None
         self.kind: str | None = None  # what began the step: grad, jit, cell, opt
         self.jit_ran = False
+        # the last top-level jit call returned gradients from a graph that runs no
+        # optimizer update (a micro-batch of host accumulation, or a step whose update
+        # is the user's): held like a grad call until an optimizer call decides
+        self.jit_grads = False
+        self.scalar_declined = False  # a scalar beside returned gradients, not taken
         self.owner: Any = None  # the train cell or jit executor that ran the step
         self.amp_scale: float | None = None  # the amp loss scale the forward applied
         self.raw_loss: Any = None  # the loss before the amp loss scaler scaled it
@@ -180,6 +199,10 @@ class Watch:
         self.param_norms: tuple[Sequence[str], Any] | None = None
         self.update: Any = None  # the torch-style update that ended the step (torchstyle)
         self.losses: list[Any] = []  # earlier micro-batches' losses this step
+        # each earlier micro-batch's norm before a clip of its own (``_note_micro_clip``),
+        # and the clip calls counted when the last was taken
+        self.micro_clipped: list[float] = []
+        self.clips_at: int | None = None
 
     # --- patching -----------------------------------------------------------------------
 
@@ -452,6 +475,7 @@ class Watch:
             watch._install_tap()
             if top:
                 watch._lr_before(executor)
+                watch._expect_graph()
             watch._depth += 1
             try:
                 out = watch._graph_call(original, executor, args, kwargs, "jit step")
@@ -463,9 +487,14 @@ class Watch:
                 if watch.batch_size is None:
                     obj = getattr(executor, "obj", None)
                     watch.batch_size = batch_size_of(args[1:] if obj is not None else args)
+                grads = watch._guard(watch._gradients_returned, out)
+                watch.jit_grads = grads is not None and watch._graph_updates() is False
                 if watch.collect:
+                    if watch.jit_grads and watch.grads is not None:  # an earlier micro-batch's
+                        with watch.ours():  # (a norm on the device is a jit call of ours)
+                            watch._keep_micro_norm()
                     watch.outputs = out
-                    watch._take_jit_output(out)
+                    watch._take_jit_output(out, grads)
             return out
 
         return jit_executor_call
@@ -678,8 +707,11 @@ class Watch:
             # an update skipped for a loss-scale overflow: no optimizer call ends the step
             skipped = self.overflowed and self.opt is None and kind in ("grad", "jit")
             if (kind in ("opt", "cell") or self.opt_seen) and not skipped:
+                if kind in ("grad", "jit"):  # the next micro-batch of an accumulating step
+                    self._guard(self._note_micro_clip)
                 return
-            if kind == "grad" and not skipped and self._hold():
+            if kind in ("grad", "jit") and not skipped and self._hold(kind):
+                self._guard(self._note_micro_clip)
                 return
             self._finish()
         rec = self.monitor
@@ -701,16 +733,25 @@ class Watch:
         if self.acts is not None:
             self._guard(self.acts.arm, self.collect)
 
-    def _hold(self) -> bool:
+    def _hold(self, kind: str) -> bool:
         """A grad call begins while a grad-only step is open and no optimizer call has
         been seen yet: the loop accumulates (its optimizer call comes after the
         micro-batches) or updates without one (every grad call is a step). Which, only
         its first optimizer call tells: until then, up to ``UNDECIDED`` calls are held
         in one step, each call's loss and start kept (its gradient norm goes to
         ``micro`` as under accumulation). An optimizer call then ends them as one
-        accumulated step; anything else (the limit, a jit or train-cell call, the
-        watch's end) ends them as a step each (``_finish_held``)."""
-        if self.kind != "grad" or self.opt_seen or self.jit_ran or self.grad_steps:
+        accumulated step; anything else (the limit, a train-cell call, another kind of
+        call, the watch's end) ends them as a step each (``_finish_held``).
+
+        A jit call is held the same way after a jit call whose graph returned gradients
+        and runs no optimizer update (``jit_grads``: MindYOLO's ``ms_jit`` step with
+        ``optimizer_update=False``, its Trainer accumulating on the host); a jit call
+        whose graph updates is a step, as before."""
+        if kind == "jit":
+            open_kind = self.kind == "jit" and self.jit_grads
+        else:
+            open_kind = self.kind == "grad" and not self.jit_ran
+        if not open_kind or self.opt_seen or self.grad_steps:
             return False
         if len(self.held) + 1 >= UNDECIDED:
             return False
@@ -740,17 +781,87 @@ class Watch:
         self._t_first = self.held_start
         self.held = []
 
-    def _take_jit_output(self, out: Any) -> None:
+    def _gradients_returned(self, out: Any) -> Any:
+        """The gradients a top-level jit step returned: a tuple of tensors beside its
+        loss, shaped as the Parameters of the optimizer its function refers to where it
+        refers to one (``find_optimizer``, looked up once per function: MindYOLO's step
+        does); None otherwise. (A step that refers to no optimizer -- a micro-batch step
+        over ``value_and_grad(f, None, params)`` -- cannot be checked so: its tuple is
+        taken as gradients, as a ``return loss, grads`` always was.)"""
+        grads = _returned_gradients(out)
+        if grads is None:
+            return None
+        # (MindSpore makes the executor anew for each call: keyed by its function)
+        fn, obj = getattr(self.owner, "fn", None), getattr(self.owner, "obj", None)
+        known = self._fn_optimizers.get((id(fn), id(obj)))
+        if known is None or known[0] is not fn or known[1] is not obj:
+            known = (fn, obj, self._guard(find_optimizer, self.owner))
+            self._fn_optimizers[(id(fn), id(obj))] = known
+        opt = known[2]
+        if opt is None:
+            return grads
+        params = list(getattr(opt, "parameters", ()) or ())
+        if len(params) != len(grads):
+            return None
+        same = all(tuple(g.shape) == tuple(p.shape) for g, p in zip(grads, params, strict=True))
+        return grads if same else None
+
+    def _expect_graph(self) -> None:
+        """Before a top-level jit call: the recompiler notes the phase it compiles
+        under (``Recompiler.expect_call``), to tell what its graph runs."""
+        tap = self.tap
+        if tap is not None and tap.recompiler.installed:
+            tap.recompiler.expect_call()
+
+    def _graph_updates(self) -> bool | None:
+        """Whether the graph of the jit call that just ran holds an optimizer update,
+        read from its Parameters without running anything (``collect.recompile``);
+        None where the recompiler did not see it compile (no taps: not known)."""
+        tap = self.tap
+        if tap is None or not tap.recompiler.installed:
+            return None
+        return self._guard(tap.recompiler.call_updates)
+
+    def _note_micro_clip(self) -> None:
+        """A micro-batch's call joins a collected step (host accumulation): if clip
+        calls ran since the step began, before this call, an earlier micro-batch was
+        clipped on its own (MindYOLO's ``clip_grad`` with ``accumulate``): the step
+        clips each micro-batch, and that micro-batch's norm before clipping is kept (the
+        clip sum zeroed for the next). Without this, one step's clip sum mixed both
+        micro-batches' (43.31 recorded for an accumulated norm of 41.37)."""
+        tap = self.tap
+        if not self.collect or tap is None or not tap.begun:
+            return
+        clips = tap.graph.counts()[0]
+        since = self.clips_at if self.clips_at is not None else tap.reading.begun.clips
+        if clips > since:
+            self.micro_clipped.append(tap.graph.clip_norm())
+            self.clips_at = clips
+
+    def _take_jit_output(self, out: Any, grads: Any = None) -> None:
+        """A collected jit step's output: its loss (first), and its gradients or their
+        norm. ``grads``: the gradient tuple it returned (``_returned_gradients``).
+        Beside returned gradients a scalar is not taken as grad_norm: nothing proves it
+        is one (MindYOLO returns its ``loss_items`` there, a one-element tensor holding
+        the loss); the norm is taken from the gradients where they are the step's
+        (a graph that runs no update, or the documented ``return loss, grads``)."""
         items = out if isinstance(out, tuple | list) else (out,)
         if not items:
             return
         self.loss = items[0]
+        if grads is not None:
+            if self.jit_grads or grads is items[1]:
+                self.grads = grads
+            else:  # (the optimizer tap's norm is used where the graph's update ran)
+                second = items[1]
+                self.scalar_declined = int(getattr(second, "size", 0) or 0) == 1
+            return
         if len(items) > 1:
             second = items[1]
             if hasattr(second, "shape") and int(getattr(second, "size", 0)) == 1:
                 self.grad_norm = second
             elif isinstance(second, tuple | list) and flatten_tensors(second):
-                self.grads = second
+                self.grads = second  # (as before: ``return loss, grads``)
 
     def _gradients(self) -> tuple[Any, Any, float, dict[str, float]]:
         """What the step that just ended shows of its gradients, as ``collect.gradsource``
@@ -803,6 +914,12 @@ class Watch:
                     seen.produced /= scale
         if seen.produced is not None and self.micro:
             seen.micro = [*self.micro, seen.produced]
+        per_micro = tap.pattern.per_micro_clip if tap is not None else False
+        if self.micro_clipped and seen.clip_input is not None:
+            # each micro-batch clipped before the host added them: their norms before
+            # clipping, the last one's what the tap read at the end
+            seen.micro = [*self.micro_clipped, seen.clip_input]
+            per_micro = True
         in_python = False  # seen.received is a norm taken here, not the tap's
         if self.update is not None:  # a torch-style update: its clip call (torchstyle)
             self._guard(self._torch.fill, seen, self.update)
@@ -818,7 +935,6 @@ class Watch:
             cell = self.owner if self.kind == "train_cell" else None
             warn = self.monitor.warn_once
             self._guard(unscale_received, seen, opt, in_python, warn, cell)
-        per_micro = tap.pattern.per_micro_clip if tap is not None else False
         out = resolve(seen, clip_per_micro=per_micro)
         if out.note is not None:
             self.monitor.warn_once(out.note, out.note)
@@ -1078,6 +1194,12 @@ class Watch:
         return known[1]
 
     def _why(self) -> str:
+        if self.jit_ran and self.scalar_declined:
+            return (
+                "the jit step returns gradients and a one-element tensor beside them, and "
+                "nothing proves that tensor is their norm (MindYOLO's loss_items sits "
+                "there), so it is not recorded as one; its graph's update was not seen"
+            )
         if self.jit_ran:
             if self.tap is None or self._tap_why:
                 return (

@@ -11,6 +11,7 @@ from itertools import product
 
 from tests.conformance.harness import (
     FREQS,
+    HOST,
     LOOPS,
     LR_FORMS,
     PRECISIONS,
@@ -91,6 +92,17 @@ def undo_cases() -> list[Case]:
     return out
 
 
+def host_cases() -> list[Case]:
+    """A jit step per micro-batch that returns its gradients and holds no optimizer, the
+    host accumulating and calling the optimizer (MindYOLO's ``ms_jit`` Trainer with
+    ``accumulate=2``): every family, collected every step and every 3rd. Before the
+    watch held such calls, the first micro-batch was recorded as a step of its own."""
+    cases = [Case(name, "jit", default_lr(name), HOST[0], freq)
+             for name in FAMILIES for freq in FREQS]  # fmt: skip
+    assert all(supported(c) for c in cases)
+    return cases
+
+
 # every failure the randomised test ever found, fixed and kept here
 FOUND: list[Case] = [
     # an experimental-API optimizer (lr Parameters only the host reads) in a jit loop
@@ -116,7 +128,9 @@ def inside_cases() -> list[Case]:
 
 def matrix() -> set[Case]:
     """Every case the matrix trains (the draws leave these out)."""
-    return {*default_cases(), *pairwise_cases(), *undo_cases(), *inside_cases(), *FOUND}
+    return {
+        *default_cases(), *pairwise_cases(), *undo_cases(), *host_cases(), *inside_cases(), *FOUND
+    }  # fmt: skip
 
 
 def rank(case: Case, salt: str = "") -> str:
@@ -127,7 +141,7 @@ def rank(case: Case, salt: str = "") -> str:
 
 def space() -> list[Case]:
     """Every case that can exist over all the axes at once (no suite cells)."""
-    axes = (sorted(BUILD), LOOPS, LR_FORMS, (*SCALINGS, *TRAINER), FREQS, PRECISIONS)
+    axes = (sorted(BUILD), LOOPS, LR_FORMS, (*SCALINGS, *TRAINER, *HOST), FREQS, PRECISIONS)
     cases = (
         Case(name, loop, lr, scaling, freq, precision=precision)
         for name, loop, lr, scaling, freq, precision in product(*axes)

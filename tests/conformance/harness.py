@@ -66,6 +66,10 @@ LR_FORMS = ("float", "list", "schedule", "group", "parameter")
 SCALINGS = ("none", "static", "dynamic", "clip", "accumulate", "optscale")
 # MindCV's trainer, both drop_overflow_update forms (model loop, MindCV's names)
 TRAINER = ("trainer", "trainer_drop")
+# a jit step per micro-batch returning its unscaled gradients, no optimizer in its graph;
+# the host sums them and calls the optimizer every MICRO-th (MindYOLO's ms_jit Trainer
+# with accumulate > 1): jit loop only, kept off the pairwise axes
+HOST = ("host_accumulate",)
 # who undoes the loss scale: the cell or amp scaler, the optimizer, MindCV's trainer
 UNDO = ("static", "optscale", *TRAINER)
 FREQS = (1, 3)
@@ -83,9 +87,10 @@ DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW, POISON = 2.0**120, 16, 2, 1e4
 CLIP = 0.05  # below every step's gradient norm here, so every step clips
 # suites whose train cells accumulate with MindSpore's own accumulation op
 # (``mindspore.boost.grad_accumulation``), seen inside their graphs: micro_grad_norm
-MICRO_IN_GRAPH = ("mindcv", "mindone")
+MICRO_IN_GRAPH = ("mindcv", "mindone", "mindocr")
 MICRO = 2  # micro-batches per update under "accumulate"
-ACCUMULATING = ("accumulate", "clip_accumulate")  # (the second: a suite cell's only)
+# (clip_accumulate: a suite cell's only; host_accumulate: a jit loop's only)
+ACCUMULATING = ("accumulate", "clip_accumulate", *HOST)
 SPLIT = 3  # the plain arm's steps before the monitored arm; the rest train after it
 
 
@@ -142,6 +147,8 @@ def supported(case: Case) -> bool:
         return case.loop in ("cell", "model") and spec.family == "nn" and case.lr in spec.forms
     if case.scaling == "ema":
         return False
+    if case.scaling in HOST and (case.loop != "jit" or not spec.pynative):
+        return False  # (its optimizer is called from Python: an update in PyNative)
     if case.scaling == "optscale" and not (case.loop in ("cell", "model") and spec.loss_scale):
         return False  # a train cell's sens, undone by the optimizer's own loss_scale=
     if case.scaling == "trainer" and not (case.loop == "model" and spec.mindcv):
@@ -322,7 +329,7 @@ def function_step(net, optimizer, scaling: str, jit: bool) -> tuple[Callable, An
     (the last micro-batch's, unscaled) and whether the gradients were finite."""
     loss_fn = loss_function()
     scaler = None
-    if scaling == "static":
+    if scaling in ("static", *HOST):
         scaler = StaticLossScaler(STATIC_SCALE)
     elif scaling == "dynamic":
         scaler = DynamicLossScaler(DYNAMIC_SCALE, DYNAMIC_FACTOR, DYNAMIC_WINDOW)
@@ -360,8 +367,33 @@ def function_step(net, optimizer, scaling: str, jit: bool) -> tuple[Callable, An
         grads = tuple((a + b) / MICRO for a, b in zip(first, second))  # noqa: B905 (graph)
         return apply(loss, grads)
 
+    if scaling in HOST:
+        return _host_accumulation(grad_fn, optimizer, scaler)
     fn = accumulated if scaling == "accumulate" else step
     return (ms.jit(fn) if jit else fn), scaler
+
+
+def _host_accumulation(grad_fn: Callable, optimizer: Any, scaler: Any) -> tuple[Callable, Any]:
+    """MindYOLO's ``ms_jit`` step with ``optimizer_update=False`` and its Trainer's
+    accumulation: each micro-batch one jit call that scales the loss (a static amp
+    scaler), unscales and returns ``(loss, grads)`` with no optimizer in its graph; the
+    host adds the gradients up and calls the optimizer with their mean every MICRO-th.
+    ``scaler``: the static scaler ``grad_fn``'s forward scales with."""
+
+    @ms.jit
+    def micro_step(x, y):
+        loss, grads = grad_fn(x, y)
+        return scaler.unscale(loss), scaler.unscale(grads)
+
+    def step(*pairs):
+        total = None
+        for x, y in zip(pairs[::2], pairs[1::2], strict=True):
+            loss, grads = micro_step(x, y)
+            total = grads if total is None else [a + b for a, b in zip(total, grads, strict=True)]
+        optimizer(tuple(g / MICRO for g in total))
+        return loss, Tensor(True)
+
+    return step, scaler
 
 
 class TrainCell(nn.Cell):
@@ -746,7 +778,8 @@ def check(case: Case, plain: Arm, mon: Arm) -> None:
                 assert math.isclose(clipped[i], min(plain.norms[i], CLIP), rel_tol=tol)
     if case.scaling in ACCUMULATING:
         micro = _series(run, "train/micro_grad_norm", first)
-        if case.loop == "pynative":  # each micro-batch's gradient is seen where produced
+        # each micro-batch's gradient is seen where produced, or where a jit step returned it
+        if case.loop == "pynative" or case.scaling in HOST:
             for i in collected:
                 assert math.isclose(micro[i], plain.micro[i], rel_tol=tol), f"micro at {i}"
         elif case.loop in ("cell", "model") and case.suite in MICRO_IN_GRAPH:

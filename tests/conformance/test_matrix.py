@@ -12,6 +12,7 @@ from tests.conformance.cases import (
     FAMILIES,
     FOUND,
     default_cases,
+    host_cases,
     impossible_pairs,
     inside_cases,
     pairwise_cases,
@@ -39,6 +40,12 @@ def test_all_pairs_of_lr_form_loop_scaling_frequency_precision(case, tmp_path):
 
 @pytest.mark.parametrize("case", UNDO, ids=lambda c: c.id)
 def test_who_undoes_the_loss_scale_for_every_suite_optimizer(case, tmp_path):
+    plain, monitored = run_case(case, tmp_path)
+    check(case, plain, monitored)
+
+
+@pytest.mark.parametrize("case", host_cases(), ids=lambda c: c.id)
+def test_a_jit_step_returning_gradients_the_host_accumulates(case, tmp_path):
     plain, monitored = run_case(case, tmp_path)
     check(case, plain, monitored)
 
