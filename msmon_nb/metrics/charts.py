@@ -45,9 +45,9 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys")
+_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "attn", "sys")
 # per-module groups drawn as one chart per statistic, a line per module/parameter
-_PER_STAT = ("param/", "act/", "act_grad/")
+_PER_STAT = ("param/", "act/", "act_grad/", "attn/")
 OPT_PREFIX = "opt/"
 MAX_LINES = 6
 # tags drawn alone under their own title (another unit than their group's)
