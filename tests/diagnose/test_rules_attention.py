@@ -53,7 +53,7 @@ def test_the_module_that_began_first_is_named_first():
     b = noisy(3.0, 140, 4, growth=1.15, start=50)
     found = run({A: a, B: b})
     assert found and found[0].tag == B
-    assert [entry["name"] for entry in found[0].blame][0] == "encoder.layers.1.self_attn"
+    assert found[0].blame[0]["name"] == "encoder.layers.1.self_attn"
 
 
 def test_healthy_sharpening_and_small_logits_stay_quiet():
