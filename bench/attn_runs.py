@@ -30,7 +30,7 @@ import numpy as np
 
 SEED = 4545  # the held-out set's draws
 TUNE_SEED = 7171  # the tuning set's
-STEPS = 200
+STEPS = 170
 WIDTH, HEADS, SEQ, VOCAB = 32, 4, 8, 8
 BASE_LR = 1e-3
 RAMP = 50  # a failing run's lr grows by ``mult`` every RAMP steps from ``at``
@@ -57,7 +57,7 @@ class Spec:
         return self.kind in FAILURES
 
 
-def specs(seed: int = SEED, per_kind: int = 3) -> list[Spec]:
+def specs(seed: int = SEED, per_kind: int = 2) -> list[Spec]:
     """The set's runs: ``per_kind`` of each failure and each healthy kind, drawn."""
     rng = np.random.default_rng(seed)
     out = []
@@ -65,9 +65,9 @@ def specs(seed: int = SEED, per_kind: int = 3) -> list[Spec]:
         for _ in range(per_kind):
             run_seed = int(rng.integers(1, 10_000))
             if kind == "qk_lr":
-                out.append(Spec(kind, run_seed, int(rng.integers(40, 90)), _log(rng, 10, 30)))
+                out.append(Spec(kind, run_seed, int(rng.integers(40, 70)), _log(rng, 10, 30)))
             elif kind == "lr_all":
-                out.append(Spec(kind, run_seed, int(rng.integers(40, 90)), _log(rng, 5, 15)))
+                out.append(Spec(kind, run_seed, int(rng.integers(40, 70)), _log(rng, 5, 15)))
             elif kind == "control":
                 out.append(Spec(kind, run_seed, 0, _log(rng, 0.5, 2.0)))
             else:

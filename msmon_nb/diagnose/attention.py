@@ -87,8 +87,8 @@ class AttentionGrowth(CardRule, EpisodeRule, kind="attention_logit_growth"):
             mod = self.modules[tag] = _Module(self.window)
         y = math.log10(value) if value > 0 else math.log10(1e-6)
         slope = mod.slope
-        if len(slope) == slope.size:
-            mod.peak = max(mod.peak, slope._fifo[0])  # leaving the window: history
+        if len(mod.recent) >= self.window:  # leaving the window: history
+            mod.peak = max(mod.peak, mod.recent[-self.window])
         slope.add(y)
         mod.recent.append(y)
         mod.steps.append(step)
