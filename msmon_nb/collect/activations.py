@@ -27,6 +27,10 @@ the statistics are compiled into the step's graph (``collect.acttaps``), compute
 while a flag says the step is collected. Their network is the train cell, or the cell
 with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
 is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
+
+``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
+attention modules of the same network on the same collected steps, and come off with
+these. ``outputs`` False (``attention`` without ``activations``) records only those.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msmon_nb.collect.attention import AttentionHooks, attention_modules
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
 
+# the track_metrics that switch this recorder on
+INSIDE_METRICS = ("activations", "act_grad", "attention")
 # how many modules the default selection takes (module_targets unset)
 DEFAULT_MODULES = 16
 
@@ -194,9 +201,14 @@ class Activations:
         targets: Sequence[str] | None,
         grads: bool,
         warn_once: Callable[[str, str], None],
+        outputs: bool = True,
+        attention: bool = False,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
+        self.outputs = outputs or grads  # act/... recorded (else only attn/...)
+        self.attention: AttentionHooks | None = AttentionHooks() if attention else None
+        self.attn_modules: list[tuple[str, Any]] = []
         self.warn_once = warn_once
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
@@ -230,8 +242,17 @@ class Activations:
         self.wants_root = False
         if self.root is None:
             self.root = cell
-            self.modules = select_modules(cell, self.targets)
-            if not self.modules:
+            self.modules = select_modules(cell, self.targets) if self.outputs else []
+            if self.attention is not None:
+                self.attn_modules = attention_modules(module_paths(cell))
+                if not self.attn_modules:
+                    self.warn_once(
+                        "attention none",
+                        f"attention: {type(cell).__name__} holds no attention module msmon "
+                        "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer "
+                        "and DecoderLayer); no attn/... series are recorded",
+                    )
+            if self.outputs and not self.modules:
                 self.warn_once(
                     "activations none",
                     f"activations: module_targets {self.targets} select none of "
@@ -247,6 +268,13 @@ class Activations:
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
+        for path, cell in self.attn_modules if self.attention is not None else ():
+            self.before.append((cell, *_hook_state(cell)))
+            hook = self.attention.hook(f"attn/{param_tag(path)}", self._count)
+            self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
+
+    def _count(self) -> None:
+        self.calls += 1
 
     def _forward(self, prefix: str) -> Callable[..., None]:
         kept = self.kept
@@ -293,6 +321,15 @@ class Activations:
         self.wants_root = False
         if self.graph is not None or root is None:
             return
+        if self.attention is not None:
+            self.warn_once(
+                "attention compiled",
+                "attention: attn/... signals are recorded in PyNative steps only; this "
+                "step runs compiled (a @ms.jit step or a GRAPH_MODE train cell), so they "
+                "are not recorded for it; training goes on",
+            )
+        if not self.outputs:
+            return
         if reuse is not None:
             self.graph = reuse
             reuse.install()
@@ -335,6 +372,8 @@ class Activations:
                 out[f"{prefix}/{stat}"] = value
                 self.computed += 1
         self.kept.clear()
+        if self.attention is not None:
+            out.update(self.attention.take())
         return out
 
     def compiled(self, where: str) -> None:

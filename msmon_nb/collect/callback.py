@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from mindspore.train import Callback
 
 from msmon_nb.collect.accumulation import holds_buffer
-from msmon_nb.collect.activations import Activations, graph_mode
+from msmon_nb.collect.activations import INSIDE_METRICS, Activations, graph_mode
 from msmon_nb.collect.gradsource import param_norms, resolve, scaling_artifact
 from msmon_nb.collect.gradtaps import Reading, StepTaps, tapped_names
 from msmon_nb.collect.graph import probe_host_writes
@@ -140,9 +140,15 @@ class MonitorCallback(Callback):
         ``model.train(1, ...)`` calls compiles once; in PyNative the hooks go on at each
         collected step's begin."""
         config = self.monitor.config
-        if network is None or not (config.tracks("activations") or config.tracks("act_grad")):
+        if network is None or not any(config.tracks(m) for m in INSIDE_METRICS):
             return
-        acts = Activations(config.module_targets, config.tracks("act_grad"), self.monitor.warn_once)
+        acts = Activations(
+            config.module_targets,
+            config.tracks("act_grad"),
+            self.monitor.warn_once,
+            outputs=config.tracks("activations"),
+            attention=config.tracks("attention"),
+        )
         self.acts = acts
         if graph_mode():
             kept = getattr(network, "_msmon_acts", None)

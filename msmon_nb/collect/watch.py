@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from msmon_nb.collect.accumulation import holds_buffer
-from msmon_nb.collect.activations import Activations, graph_mode, jit_root
+from msmon_nb.collect.activations import INSIDE_METRICS, Activations, graph_mode, jit_root
 from msmon_nb.collect.active import ACTIVE
 from msmon_nb.collect.gradsource import GradSeen, param_norms, resolve, scaling_artifact
 from msmon_nb.collect.hooks import find_ways_in, is_optimizer, original
@@ -161,9 +161,13 @@ class Watch:
         self._torch = TorchStyle(self)  # torch-style optimizers, MindNLP's (collect.torchstyle)
         config = recorder.config
         self.acts: Activations | None = None  # activations (opt-in: collect.activations)
-        if config.tracks("activations") or config.tracks("act_grad"):
+        if any(config.tracks(m) for m in INSIDE_METRICS):
             self.acts = Activations(
-                config.module_targets, config.tracks("act_grad"), recorder.warn_once
+                config.module_targets,
+                config.tracks("act_grad"),
+                recorder.warn_once,
+                outputs=config.tracks("activations"),
+                attention=config.tracks("attention"),
             )
 
     def _reset(self) -> None:

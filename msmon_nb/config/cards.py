@@ -301,6 +301,24 @@ _CARDS = (
             "min_history": Param(20, p.count(2), 30),
         },
     ),
+    # fed every attn/<module>/max_logit (``track_metrics: [..., attention]``); the alert
+    # carries the module's tag, so it marks that module's chart. Tuned on bench/attn.py
+    # --tuning (factor 2/3/4, t 3/5, min_logit 5/10, window 8/16, patience 1/2): the
+    # held-out set was frozen before and not looked at while choosing
+    Card(
+        "attention_logit_growth",
+        "warning",
+        "several",
+        None,
+        {
+            "factor": Param(2.0, p.above_one, 8.0),
+            "t": Param(5.0, p.positive, 8.0),
+            "min_logit": Param(10.0, p.positive, 20.0),
+            "patience": Param(2, p.count(1), 3),
+            "window": Param(16, p.count(4), 32),
+            "min_history": Param(20, p.count(2), 30),
+        },
+    ),
     Card(
         "adam_v_stale",
         "warning",

@@ -13,7 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 CORE_METRICS = ("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step")
-OPTIONAL_METRICS = ("param_stats", "optimizer_state", "system", "activations", "act_grad")
+OPTIONAL_METRICS = (
+    "param_stats",
+    "optimizer_state",
+    "system",
+    "activations",
+    "act_grad",
+    "attention",
+)
 # where a step's time went (recorded by collect, judged by diagnose's data_bound rule)
 DATA_TAG = "train/data_time"
 COMPUTE_TAG = "train/compute_time"

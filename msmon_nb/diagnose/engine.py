@@ -18,6 +18,7 @@ from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.config.cards import CARDS, GRAD, LOSS, LR, SEVERITY
 from msmon_nb.config.checks import optimizer_series
 from msmon_nb.diagnose.alert import Alert
+from msmon_nb.diagnose.attention import AttentionGrowth, is_max_logit
 from msmon_nb.diagnose.converge import Convergence
 from msmon_nb.diagnose.layers import LayerRise
 from msmon_nb.diagnose.optim import AdamVStale, is_moment2_tag
@@ -87,6 +88,7 @@ class Diagnoser:
         # empty until the first moment2 tag arrives, so runs without it pay nothing
         self._v_pending: dict[tuple[str, int], float] = {}
         self._layers = self._make(LayerRise, disabled)
+        self._attn = self._make(AttentionGrowth, disabled)
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -208,6 +210,9 @@ class Diagnoser:
             if route is None and tag.startswith("opt/") and tag not in self._opt_seen:
                 route = self._optimizer(tag, values)
             if route is None:
+                if self._attn is not None and is_max_logit(tag):
+                    self._attention(new, step, tag, float(value))
+                    continue
                 # Adam's v, one tag per parameter: summed here for adam_v_stale
                 if vstale is not None and is_moment2_tag(tag):
                     value = float(value)
@@ -241,6 +246,22 @@ class Diagnoser:
             for tag, f in missing.update(step, values):
                 self._raise(new, step, "metric_missing", tag, f, self._missing_check(tag))
         return new
+
+    def _attention(self, new: list[Alert], step: int, tag: str, value: float) -> None:
+        """Feed one module's max logit to ``attention_logit_growth``; its alert carries
+        that module's tag and names the modules growing (``blame``: module, onset)."""
+        rule = self._attn
+        if value - value != 0.0:  # NaN/Inf: nonfinite's business, not a growth rate
+            return
+        f = rule.update(step, tag, value)  # type: ignore[union-attr]
+        if f is None:
+            return
+        named = rule.named  # type: ignore[union-attr]
+        first = f"attn/{named[0].name}/max_logit"
+        self._raise(new, step, AttentionGrowth.kind, first, f, _flag(rule))
+        blamed = tuple(b.to_dict() for b in named[:3])
+        new[-1] = dataclasses.replace(new[-1], blame=blamed)
+        self._latest[(AttentionGrowth.kind, first)] = (new[-1], _flag(rule))
 
     def update_layers(
         self, step: int, names: Sequence[str], grads: Any, ratios: Any, top: int = 3

@@ -53,9 +53,10 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "sys", "msprobe")
-# per-parameter groups drawn as one chart per statistic, a line per parameter
-_PER_STAT = ("param/",)
+_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "attn", "sys", "msprobe")
+# per-parameter (per-attention-module) groups drawn as one chart per statistic, a line
+# per parameter (module)
+_PER_STAT = ("param/", "attn/")
 # per-module groups drawn as one heatmap each: module x step, one statistic at a time
 HEATMAP_PREFIXES = ("act/", "act_grad/")
 HEATMAP_TITLES = {

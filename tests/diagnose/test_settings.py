@@ -13,6 +13,7 @@ def test_every_kind_has_a_severity_and_an_implementation():
     assert set(SEVERITY.values()) <= {"warning", "critical"}
     cross_series = {"nonfinite", "metric_missing", "step_order", "data_bound", "adam_v_stale"}
     cross_series |= {"layer_rise"}  # per-parameter rows, fed by the monitor (monitor.layers)
+    cross_series |= {"attention_logit_growth"}  # every attn/<module>/max_logit of a step
     assert set(SERIES_RULES) | cross_series == set(KINDS)
 
 

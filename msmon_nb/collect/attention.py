@@ -1,0 +1,192 @@
+"""Transformer signals (opt-in, ``track_metrics: [..., attention]``): each attention
+module's largest attention logit and its attention entropy, every collected step, as
+``attn/<module>/max_logit`` and ``attn/<module>/entropy``.
+
+Why these two: in transformer training the attention logits (QK^T / sqrt(d), before the
+softmax) can grow without bound when nothing bounds the query and key norms; the softmax
+then saturates to one-hot rows (entropy collapses towards 0) and the loss diverges
+steps later (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer
+training instabilities"; Dehghani et al. 2023). Both move before the gradient norm does.
+
+Found by structure: every ``mindspore.nn.MultiheadAttention`` under the network (so every
+``nn.TransformerEncoderLayer`` / ``DecoderLayer``, which hold one). ``module_targets``
+does not restrict them: a model has few, and two series each.
+
+How, without touching training: on a collected PyNative step a forward hook of ours sees
+the module's own inputs (query, key, masks); it copies them and the module's query and
+key projection weights to the host (they must be read at the forward pass: the
+optimizer writes the weights in place before the step ends). When the step has ended,
+the logits are recomputed from those copies in float64 numpy -- the module is never
+called again, its Parameters only read. A step not collected runs no hook of ours.
+
+``max_logit`` is the largest scaled logit among the positions the masks let through
+(a masked position's logit is never attended to); ``entropy`` is the mean, over batch,
+heads and queries, of the entropy (nats) of the softmax rows the module computes
+(additive float masks included). ``max_logit`` is signed: the largest logit, not the
+largest magnitude, since a very negative logit only silences a key.
+
+The max *output* logit needs nothing new: ``act/<the output layer>/max_abs``
+(``collect.activations``) is the largest logit magnitude of the model's last layer.
+
+Compiled steps (``@ms.jit``, GRAPH_MODE cells) run no Python hook and the recomputation
+is not compiled into their graph: there one warning says these are not recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from msmon_nb.collect.tensors import to_numpy
+
+ATTN_STATS = ("max_logit", "entropy")
+
+
+def is_attention(cell: Any) -> bool:
+    """Whether ``cell`` is an attention module whose logits we can recompute."""
+    from mindspore import nn
+
+    return isinstance(cell, nn.MultiheadAttention)
+
+
+def attention_modules(paths: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The attention modules among ``[(path, cell)]`` (``activations.module_paths``)."""
+    return [(path, cell) for path, cell in paths if is_attention(cell)]
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    """A ``construct`` argument given by position or by name; None when absent."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def _host(value: Any) -> np.ndarray | None:
+    return None if value is None else np.array(to_numpy(value))
+
+
+class Snapshot:
+    """What one forward call of an attention module computed its logits from."""
+
+    def __init__(self, cell: Any, args: tuple, kwargs: dict) -> None:
+        # MultiheadAttention.construct(query, key, value, key_padding_mask,
+        # need_weights, attn_mask, average_attn_weights)
+        self.query = _host(_arg(args, kwargs, 0, "query"))
+        self.key = _host(_arg(args, kwargs, 1, "key"))
+        self.key_padding_mask = _host(_arg(args, kwargs, 3, "key_padding_mask"))
+        self.attn_mask = _host(_arg(args, kwargs, 5, "attn_mask"))
+        embed = int(cell.embed_dim)
+        if cell.in_proj_weight is not None:
+            weight = _host(cell.in_proj_weight)
+            self.w_q, self.w_k = weight[:embed], weight[embed : 2 * embed]
+        else:
+            self.w_q, self.w_k = _host(cell.q_proj_weight), _host(cell.k_proj_weight)
+        bias = _host(cell.in_proj_bias)
+        self.b_q = None if bias is None else bias[:embed]
+        self.b_k = None if bias is None else bias[embed : 2 * embed]
+        self.bias_k = _host(cell.bias_k)
+        self.zero_attn = bool(cell.add_zero_attn)
+        self.heads = int(cell.num_heads)
+        self.batch_first = bool(cell.batch_first)
+
+
+def signals(snap: Snapshot) -> dict[str, float]:
+    """``{max_logit, entropy}`` of one forward call, in float64 (see the module doc)."""
+    query = snap.query.astype(np.float64)
+    key = snap.key.astype(np.float64)
+    batched = query.ndim == 3
+    if not batched:  # (L, E) -> (1, L, E)
+        query, key = query[None], key[None]
+    elif not snap.batch_first:  # (L, N, E) -> (N, L, E)
+        query, key = query.swapaxes(0, 1), key.swapaxes(0, 1)
+    q = query @ snap.w_q.astype(np.float64).T
+    k = key @ snap.w_k.astype(np.float64).T
+    if snap.b_q is not None:
+        q = q + snap.b_q.astype(np.float64)
+        k = k + snap.b_k.astype(np.float64)
+    batch, length, embed = q.shape
+    extra = 0
+    if snap.bias_k is not None:  # a learned key row appended to every sequence
+        row = np.broadcast_to(snap.bias_k.reshape(1, 1, -1), (batch, 1, embed))
+        k = np.concatenate([k, row], 1)
+        extra += 1
+    heads = snap.heads
+    dim = embed // heads
+    q = q.reshape(batch, length, heads, dim).transpose(0, 2, 1, 3)
+    k = k.reshape(batch, k.shape[1], heads, dim).transpose(0, 2, 1, 3)
+    if snap.zero_attn:  # a zero key appended after the projection
+        k = np.concatenate([k, np.zeros((batch, heads, 1, dim))], 2)
+        extra += 1
+    logits = (q @ k.swapaxes(-1, -2)) / math.sqrt(dim)  # (N, H, L, S)
+    mask = _additive_mask(snap, batch, heads, length, logits.shape[-1], extra, batched)
+    shown = logits + mask
+    open_ = np.isfinite(mask)
+    # like max_abs, a NaN is reported, never skipped
+    bad = np.isnan(logits).any() or not open_.any()
+    top = math.nan if bad else float(np.max(logits[open_]))
+    peak = np.max(shown, axis=-1, keepdims=True)
+    weights = np.exp(shown - peak)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(weights > 0, weights * np.log(weights), 0.0)
+    entropy = float(np.mean(-terms.sum(axis=-1)))
+    return {"max_logit": top, "entropy": entropy}
+
+
+def _as_additive(mask: np.ndarray) -> np.ndarray:
+    """A bool mask (True: not attended) as -inf/0; a float mask as it is added."""
+    if mask.dtype == np.bool_ or mask.dtype == np.uint8:
+        return np.where(mask.astype(np.bool_), -np.inf, 0.0)
+    return mask.astype(np.float64)
+
+
+def _additive_mask(
+    snap: Snapshot, batch: int, heads: int, length: int, src: int, extra: int, batched: bool
+) -> np.ndarray:
+    """The masks the module adds to its logits, as one (N, H, L, S) float64 array."""
+    out = np.zeros((batch, heads, length, src))
+    if snap.attn_mask is not None:
+        mask = _as_additive(snap.attn_mask)
+        if extra:
+            mask = np.concatenate([mask, np.zeros((*mask.shape[:-1], extra))], -1)
+        # (L, S) for every head, or (N * H, L, S)
+        out = out + (mask if mask.ndim == 2 else mask.reshape(batch, heads, length, src))
+    if snap.key_padding_mask is not None:
+        pad = _as_additive(snap.key_padding_mask)
+        if not batched:
+            pad = pad[None]
+        if extra:
+            pad = np.concatenate([pad, np.zeros((batch, extra))], -1)
+        out = out + pad[:, None, None, :]
+    return out
+
+
+class AttentionHooks:
+    """The forward hooks of one collected step on the attention modules, and what they
+    kept (one snapshot per module: its first call in the step)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Snapshot] = {}  # tag prefix -> snapshot
+
+    def hook(self, prefix: str, count: Callable[[], None]) -> Callable[..., None]:
+        """A forward hook (``with_kwargs=True``) keeping ``prefix``'s snapshot."""
+        kept = self.kept
+
+        def attention_hook(cell, args, kwargs, output):
+            count()
+            if prefix not in kept:
+                kept[prefix] = Snapshot(cell, args, kwargs)
+
+        return attention_hook
+
+    def take(self) -> dict[str, float]:
+        """``{attn/<module>/<stat>: value}`` of the step's snapshots; they go."""
+        out: dict[str, float] = {}
+        for prefix, snap in self.kept.items():
+            for stat, value in signals(snap).items():
+                out[f"{prefix}/{stat}"] = value
+        self.kept.clear()
+        return out
