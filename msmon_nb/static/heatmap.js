@@ -25,6 +25,9 @@
 // place on the canvas (CSS px) so a test reads the pixel the user sees.
 
 const MSMON_HEAT_MAX_COLS = 400; // columns at most, whatever the width
+// the statistic that counts a module's non-finite values: a cell of any other statistic
+// whose count is above 0 is marked (the pages name it through this, not by its spelling)
+const MSMON_HEAT_COUNT = "nonfinite";
 const MSMON_HEAT_BAD = "#d62728"; // non-finite cells
 const MSMON_HEAT_EMPTY = "#eef0f2"; // no value recorded for that module in that column
 // viridis at 0, 0.25, 0.5, 0.75, 1 (matplotlib's): ordered in lightness, and red-free
@@ -136,8 +139,8 @@ class MsmonHeatmap {
     const out = [];
     for (const row of this.spec.rows || []) {
       out.push(this.tagOf(row));
-      if (this.stat !== "nonfinite" && (this.spec.stats || []).includes("nonfinite")) {
-        out.push(this.tagOf(row, "nonfinite"));
+      if (this.stat !== MSMON_HEAT_COUNT && (this.spec.stats || []).includes(MSMON_HEAT_COUNT)) {
+        out.push(this.tagOf(row, MSMON_HEAT_COUNT));
       }
     }
     return out.filter((t) => this.tags.includes(t));
@@ -165,7 +168,7 @@ class MsmonHeatmap {
       for (const [x, kind] of r.nonfinite || []) bad[i][at(x)] = String(kind);
       for (const x of r.flagged || []) {
         const c = at(x);
-        if (bad[i][c] == null) bad[i][c] = "nonfinite";
+        if (bad[i][c] == null) bad[i][c] = MSMON_HEAT_COUNT;
       }
     });
     let lo = Infinity;
@@ -320,9 +323,9 @@ class MsmonHeatmap {
     const steps = c.lo === c.hi ? `step ${c.lo}` : `steps ${c.lo}..${c.hi}`;
     const bad = g.bad[i][j];
     const v = g.values[i][j];
-    const value = bad != null && bad !== "nonfinite" ? bad
+    const value = bad != null && bad !== MSMON_HEAT_COUNT ? bad
       : v == null ? "-" : fmtNum(v);
-    const note = bad === "nonfinite" ? " (non-finite values in the output)" : "";
+    const note = bad === MSMON_HEAT_COUNT ? " (non-finite values in the output)" : "";
     return `${this.rows[i].row} · ${steps} · ${g.stat} ${value}${note}`;
   }
 
@@ -356,7 +359,7 @@ class MsmonHeatmap {
 // reason, stats}) as a table: a row per module (in the order recorded: forward order) with
 // its statistics at that step, rows holding a non-finite value in red. `run`: a column
 // naming the run (the viewer, several runs selected); both pages list them this way.
-const MSMON_ACT_STATS = ["norm", "max_abs", "mean", "nonfinite", "zero_frac"];
+const MSMON_ACT_STATS = ["norm", "max_abs", "mean", MSMON_HEAT_COUNT, "zero_frac"];
 
 function activationTable(entries, run = null) {
   const head = h("tr", {}, ...[...(run ? ["run"] : []), "step", "module", "reason",

@@ -98,8 +98,8 @@ function heatRowsOf(panel, chart) {
   return (chart.spec.rows || []).map((row) => {
     const key = heatKey(chart, chart.tagOf(row));
     const d = panel.data.get(key) || { xs: [], ys: [] };
-    const count = chart.stat === "nonfinite" ? null
-      : panel.data.get(heatKey(chart, chart.tagOf(row, "nonfinite")));
+    const count = chart.stat === MSMON_HEAT_COUNT ? null
+      : panel.data.get(heatKey(chart, chart.tagOf(row, MSMON_HEAT_COUNT)));
     const flagged = [];
     if (count) count.ys.forEach((v, j) => { if (v > 0) flagged.push(count.xs[j]); });
     return { row, xs: d.xs, ys: d.ys, nonfinite: panel.nonfinite.get(key) || [], flagged };

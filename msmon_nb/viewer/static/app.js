@@ -462,7 +462,7 @@ function drawHeatmap(c) {
   const get = (tag) => (run ? c.data.get(`${run.name}\t${tag}`)?.series : null);
   const rows = (c.spec.rows || []).map((row) => {
     const s = get(chart.tagOf(row));
-    const count = chart.stat === "nonfinite" ? null : get(chart.tagOf(row, "nonfinite"));
+    const count = chart.stat === MSMON_HEAT_COUNT ? null : get(chart.tagOf(row, MSMON_HEAT_COUNT));
     const flagged = count ? count.steps.filter((_, j) => count.values[j] > 0) : [];
     if (!s) return { row, xs: [], ys: [], nonfinite: [], flagged };
     return { row, xs: s.steps, ys: s.values, flagged,
