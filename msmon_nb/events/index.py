@@ -32,6 +32,7 @@ from msmon_nb.events.runs import Run
 from msmon_nb.rundir.layout import (
     MARKER,
     combined_status,
+    file_signature,
     find_run_dirs,
     rank_of_dir,
     read_marker,
@@ -289,7 +290,7 @@ class RunIndex:
             run = self._msprobe_runs[path] = Run(path, name=name)
         run.refresh()
         files = run.files
-        signature = (msprobe.file_signature(files), run.status)
+        signature = (file_signature(files), run.status)
         ranks = tuple(run.ranks)
         return RunInfo(
             name=name,

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from msmon_nb.rundir import walk_runs
+
 CSV_RE = re.compile(r"^([a-z][a-z0-9_]*)_(\d+)-(\d+)\.csv$")
 HEADER_START = ("vpp_stage", "name", "step")
 RANK_RE = re.compile(r"-rank(\d{1,5})-")
@@ -165,27 +167,14 @@ def is_msprobe_run(path: str | os.PathLike[str]) -> bool:
 
 def find_runs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:
     """msprobe runs under ``base`` (itself included), not descending into them."""
-    found: list[Path] = []
 
-    def walk(path: Path, depth: int) -> None:
+    def take(path: Path) -> list[Path] | None:
         if is_msprobe_run(path):
-            found.append(path)
-            return
+            return [path]
         ranked = _rank_subdirs(path)  # rank dirs of several jobs in one dir: one run each
-        if ranked:
-            found.extend(p for _, p in ranked)
-            return
-        if depth >= max_depth:
-            return
-        try:
-            children = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
-        except OSError:
-            return
-        for child in children:
-            walk(Path(child), depth + 1)
+        return [p for _, p in ranked] if ranked else None
 
-    walk(Path(base), 0)
-    return found
+    return walk_runs(base, take, max_depth)
 
 
 @dataclass
@@ -301,18 +290,6 @@ def _add_row(
         low, high = numbers["min"], numbers["max"]
         extent = math.nan if math.isnan(low) or math.isnan(high) else max(abs(low), abs(high))
         out.add(ours[0] + "max_abs", at, extent, wall)
-
-
-def file_signature(paths: list[Path]) -> tuple:
-    """What changes when any of ``paths`` is written."""
-    sig = []
-    for path in paths:
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        sig.append((str(path), st.st_size, st.st_mtime_ns))
-    return tuple(sig)
 
 
 Arrays = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]

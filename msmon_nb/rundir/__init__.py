@@ -18,6 +18,7 @@ from msmon_nb.rundir.layout import (
     append_jsonl,
     checkpoint_files,
     combined_status,
+    file_signature,
     find_run_dirs,
     is_run_dir,
     is_summary_file,
@@ -35,6 +36,7 @@ from msmon_nb.rundir.layout import (
     run_status,
     summary_file_key,
     summary_file_rank,
+    walk_runs,
     write_marker,
 )
 
@@ -56,6 +58,7 @@ __all__ = [
     "combined_status",
     "default_run_name",
     "environment",
+    "file_signature",
     "find_run_dirs",
     "is_run_dir",
     "is_summary_file",
@@ -73,5 +76,6 @@ __all__ = [
     "run_status",
     "summary_file_key",
     "summary_file_rank",
+    "walk_runs",
     "write_marker",
 ]

@@ -15,7 +15,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,23 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
 
 def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path]:
     """Run dirs under ``base`` (``base`` itself included), not descending into runs."""
+    return walk_runs(base, lambda path: [path] if is_run_dir(path) else None, max_depth)
+
+
+def walk_runs(
+    base: str | os.PathLike[str],
+    take: Callable[[Path], list[Path] | None],
+    max_depth: int = 4,
+) -> list[Path]:
+    """The runs ``take`` finds in ``base`` and the dirs under it (links not followed), by
+    name: ``take(dir)`` returns the runs that dir is or holds (it is not descended into),
+    or None to look inside it, down to ``max_depth``."""
     found: list[Path] = []
 
     def walk(path: Path, depth: int) -> None:
-        if is_run_dir(path):
-            found.append(path)
+        runs = take(path)
+        if runs is not None:
+            found.extend(runs)
             return
         if depth >= max_depth:
             return
@@ -166,6 +178,18 @@ def find_run_dirs(base: str | os.PathLike[str], max_depth: int = 4) -> list[Path
 
     walk(Path(base), 0)
     return found
+
+
+def file_signature(paths: Iterable[Path]) -> tuple:
+    """What changes when any of ``paths`` is written (path, size, mtime of each that exists)."""
+    sig = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        sig.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(sig)
 
 
 # --- the marker -----------------------------------------------------------------------

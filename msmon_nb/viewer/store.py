@@ -35,7 +35,14 @@ from msmon_nb.events.index import RunIndex, RunInfo
 from msmon_nb.events.overview import Overview
 from msmon_nb.events.rankmerge import Merged, merge_ranks
 from msmon_nb.events.runs import Run
-from msmon_nb.rundir import ALERTS, INTERVENTIONS, SNAPSHOTS, per_rank_files, rank_dirs
+from msmon_nb.rundir import (
+    ALERTS,
+    INTERVENTIONS,
+    SNAPSHOTS,
+    file_signature,
+    per_rank_files,
+    rank_dirs,
+)
 from msmon_nb.viewer.crossrank import CrossRankAlerts
 from msmon_nb.viewer.rankmerge import (
     RankedRun,
@@ -420,12 +427,8 @@ def _any_file(paths: list[Path]) -> bool:
 def _side_signature(run_dir: Path) -> tuple:
     """Sizes and mtimes of the run's alerts, snapshots and interventions files (all
     ranks): a change is announced as an ``alerts`` event."""
-    sig = []
-    for name in (ALERTS, SNAPSHOTS, INTERVENTIONS):
-        for path in per_rank_files(run_dir, name):
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            sig.append((str(path), st.st_size, st.st_mtime_ns))
-    return tuple(sig)
+    return file_signature(
+        path
+        for name in (ALERTS, SNAPSHOTS, INTERVENTIONS)
+        for path in per_rank_files(run_dir, name)
+    )
