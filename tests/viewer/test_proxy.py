@@ -142,7 +142,7 @@ def test_every_url_of_the_page_is_relative():
     assets = re.findall(r'(?:src|href)="([^"]+)"', page)
     assert sorted(assets) == sorted(
         ["data:,", "vendor/uPlot.min.css", "vendor/chart.css", "app.css",
-         "vendor/uPlot.iife.min.js", "vendor/chart.js", "app.js"]
+         "vendor/uPlot.iife.min.js", "vendor/chart.js", "vendor/heatmap.js", "app.js"]
     )  # fmt: skip
     code = (STATIC_DIR / "app.js").read_text()
     code = re.sub(r"//[^\n]*", "", code)  # comments name routes as /api/...
