@@ -112,9 +112,13 @@ def test_demo_then_the_viewer_serves_it(venv: Venv):
         assert url.startswith("http://127.0.0.1:")
         status, page = get(url)
         assert status == 200 and b"<html" in page.lower()
-        # app, css, chart.js and uPlot, all relative (the page works under a proxy's prefix)
+        # app, css, chart.js, heatmap.js and uPlot, all relative (the page works under a
+        # proxy's prefix), and each served from the installed package
         assets = re.findall(rb'(?:src|href)="(?!data:)([^"]+)"', page)
-        assert len(assets) == 6 and not [a for a in assets if a.startswith(b"/")], assets
+        assert sorted(assets) == sorted(
+            [b"app.css", b"app.js", b"vendor/chart.css", b"vendor/chart.js", b"vendor/heatmap.js",
+             b"vendor/uPlot.iife.min.js", b"vendor/uPlot.min.css"]
+        ), assets  # fmt: skip
         for asset in assets:
             status, body = get(url + asset.decode())
             assert status == 200 and body, asset
