@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from msmon_nb.events.runs import load_run
-from tests.support.acttrain import EVERY, NAN_STEP, NET, ROWS
+from tests.support.acttrain import EVERY, NAN_STEP, NET, RED, ROWS, heat_pixel_js
 from tests.support.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
@@ -31,15 +31,7 @@ CONFIG = f"""monitor_config:
 TRAIN = f"%%msmonitor --dir summary --run acts --config m.yaml\ntrain({STEPS}, 0.12)"
 HEAT = ".msmon-panel .msmon-heatmap"
 DRAWN = f"document.querySelector('{HEAT}').msmonChart.drawn()"
-PIXEL = f"""([i, j]) => {{
-  const chart = document.querySelector('{HEAT}').msmonChart;
-  const g = chart.drawn().geometry;
-  const dpr = window.devicePixelRatio || 1;
-  const x = Math.round((g.left + (j + 0.5) * g.cellW) * dpr);
-  const y = Math.round((g.top + (i + 0.5) * g.cellH) * dpr);
-  return [...chart.canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
-}}"""
-RED = [214, 39, 40]  # heatmap.js's MSMON_HEAT_BAD
+PIXEL = heat_pixel_js(HEAT)
 COLS = f"(document.querySelector('{HEAT}')?.dataset.cols|0)"
 
 

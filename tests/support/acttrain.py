@@ -78,3 +78,21 @@ with mon, mon.watch():
     train(steps - NAN_STEP - 1, pause, NAN_STEP + 1)
 """.replace("CONFIG", CONFIG).replace("NAN_STEP", str(NAN_STEP))
 )
+
+
+# heatmap.js's MSMON_HEAT_BAD: the colour a non-finite cell is drawn in
+RED = [214, 39, 40]
+
+
+def heat_pixel_js(selector: str) -> str:
+    """A page function ``([i, j]) => [r, g, b]``: the colour of the canvas pixel at the
+    centre of cell (row i, column j) of the heatmap at ``selector``, as the user sees it
+    (the panel's and the viewer's heatmap are the same ``static/heatmap.js``)."""
+    return f"""([i, j]) => {{
+  const chart = document.querySelector('{selector}').msmonChart;
+  const g = chart.drawn().geometry;
+  const dpr = window.devicePixelRatio || 1;
+  const x = Math.round((g.left + (j + 0.5) * g.cellW) * dpr);
+  const y = Math.round((g.top + (i + 0.5) * g.cellH) * dpr);
+  return [...chart.canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
+}}"""

@@ -195,6 +195,26 @@ def drive_accumulating(step, scaler, opt, reference=None):
     return expected
 
 
+def accumulated_under_watch(tmp_path, jit: bool, clip: float):
+    """MindYOLO's host accumulation (``accumulate=2``, a static scale of 1024) trained
+    plain, then again under ``mon.watch()``: (the plain twin's expected values per
+    update, the monitor, its run, what msmon warned, a check that both ended with the
+    same weights)."""
+    plain_net, plain_opt, plain_step, plain_scaler = build(jit, clip, "static", 1024.0)
+    expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
+    net, opt, step, scaler = build(jit, clip, "static", 1024.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
+            drive_accumulating(step, scaler, opt)
+    told = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
+
+    def same_weights() -> None:
+        assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+
+    return expected, mon, load_run(mon.run_dir), told, same_weights
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
 def test_host_accumulation_of_micro_batches(tmp_path, jit):
     """``accumulate=2`` (MindYOLO's host-side accumulation, a static scale of 1024): one
@@ -206,15 +226,7 @@ def test_host_accumulation_of_micro_batches(tmp_path, jit):
     holds no optimizer (``optimizer_update=False``): before the fix the first one was
     recorded as a step of its own (5 steps for 4 updates) whose grad_norm was the step's
     second output, MindYOLO's ``loss_items`` (the loss, 64.6, for a norm of 41.4)."""
-    plain_net, plain_opt, plain_step, plain_scaler = build(jit, 0.0, "static", 1024.0)
-    expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
-    net, opt, step, scaler = build(jit, 0.0, "static", 1024.0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
-            drive_accumulating(step, scaler, opt)
-    told = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
-    run = load_run(mon.run_dir)
+    expected, mon, run, told, same_weights = accumulated_under_watch(tmp_path, jit, 0.0)
     grad_norm = run.scalars("train/grad_norm")
     assert grad_norm.steps.tolist() == list(range(STEPS // ACCUMULATE)), told
     np.testing.assert_allclose(grad_norm.values, [e[1] for e in expected], rtol=1e-3)
@@ -229,7 +241,7 @@ def test_host_accumulation_of_micro_batches(tmp_path, jit):
         run.scalars("train/loss").values, [e[0][-1] for e in expected], rtol=1e-4
     )
     assert not mon.alerts, [a.message for a in mon.alerts]
-    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+    same_weights()
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["pynative", "ms_jit"])
@@ -242,17 +254,9 @@ def test_host_accumulation_clipping_each_micro_batch_is_said_not_hidden(tmp_path
     Before the watch noted clip calls between micro-batches, grad_norm here was the root
     of the summed squares of both clip inputs (43.31 for an accumulated norm of 41.37),
     unwarned, and with ``ms_jit`` micro_grad_norm the clipped norm (2.0)."""
-    plain_net, plain_opt, plain_step, plain_scaler = build(jit, 2.0, "static", 1024.0)
-    expected = drive_accumulating(plain_step, plain_scaler, plain_opt, (plain_net, make_loss(50.0)))
-    net, opt, step, scaler = build(jit, 2.0, "static", 1024.0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with Monitor(save_dir=str(tmp_path), log_interval=1) as mon, mon.watch():
-            drive_accumulating(step, scaler, opt)
-    told = [str(w.message) for w in caught if w.category.__module__.startswith("msmon")]
-    run = load_run(mon.run_dir)
+    expected, _, run, told, same_weights = accumulated_under_watch(tmp_path, jit, 2.0)
     assert "train/grad_norm" not in list(run.tags()), told
     assert sum("clips each micro-batch" in t for t in told) == 1, told
     micro = run.scalars("train/micro_grad_norm")
     np.testing.assert_allclose(micro.values, [max(e[2]) for e in expected], rtol=1e-3)
-    assert_same_weights(net.trainable_params(), plain_net.trainable_params())
+    same_weights()

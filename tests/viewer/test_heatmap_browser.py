@@ -17,22 +17,13 @@ import sys
 from msmon_nb.events.runs import load_run
 from msmon_nb.metrics.charts import CHART_ASSETS
 from tests.conftest import ROOT
-from tests.support.acttrain import EVERY, NAN_STEP, ROWS, SCRIPT
+from tests.support.acttrain import EVERY, NAN_STEP, RED, ROWS, SCRIPT, heat_pixel_js
 from tests.viewer.test_browser import browser, open_page, wait_for  # noqa: F401
 
 STEPS = 60
 HEAT = "#charts .msmon-heatmap"
 DRAWN = f"() => document.querySelector('{HEAT}').msmonChart.drawn()"
-# the colour of the canvas pixel at the centre of cell (row i, column j), as the user sees it
-PIXEL = f"""([i, j]) => {{
-  const chart = document.querySelector('{HEAT}').msmonChart;
-  const g = chart.drawn().geometry;
-  const dpr = window.devicePixelRatio || 1;
-  const x = Math.round((g.left + (j + 0.5) * g.cellW) * dpr);
-  const y = Math.round((g.top + (i + 0.5) * g.cellH) * dpr);
-  return [...chart.canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
-}}"""
-RED = [214, 39, 40]  # heatmap.js's MSMON_HEAT_BAD
+PIXEL = heat_pixel_js(HEAT)
 
 
 def attr(page, name: str) -> str | None:
