@@ -120,8 +120,10 @@ RATIOS_LINE = ("ring + update ratios (blame.update_ratio) / blame off", "")
 
 class LayerPart:
     """The per-layer part of a monitor's collected step -- keeping the ring row, the
-    update ratios when on, and judging ``layer_rise`` (``Actions.layer_values``) -- timed
-    directly (wall and this thread's CPU time), so its share of the whole step is read
+    update ratios when on, and judging ``layer_rise`` (``Actions.layer_values``, and the
+    judgement it returns, which runs when the step's scalars are passed on: for a batch
+    of held steps in ``Model.train``) -- timed directly (wall and this thread's CPU
+    time), both parts summed per collected step, so its share of the whole step is read
     beside the plain step of the same process: a ratio of block times cannot resolve 1 %
     on this machine."""
 
@@ -131,14 +133,18 @@ class LayerPart:
         actions = mon._actions  # the bench reaches in: no public hook times this part
         inner = actions.layer_values
 
-        def timed(*a: Any, **k: Any) -> Any:
+        def clocked(fn: Any, *a: Any) -> Any:
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
-                return inner(*a, **k)
+                return fn(*a)
             finally:
                 self.wall += time.perf_counter() - t0
                 self.cpu += time.thread_time() - c0
-                self.calls += 1
+
+        def timed(*a: Any) -> Any:
+            self.calls += 1
+            later = clocked(inner, *a)
+            return None if later is None else lambda: clocked(later)
 
         actions.layer_values = timed
 

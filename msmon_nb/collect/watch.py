@@ -90,16 +90,17 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, tuple | list) and value else value
 
 
-def _returned_gradients(out: Any) -> Any:
-    """The gradient tuple a jit step returned beside its loss: the first item after
-    the loss that is a non-empty tuple or list of tensors only; None if none is."""
+def _returned_tuples(out: Any) -> list[Any]:
+    """The tuples a jit step returned beside its loss that may be its gradients: the
+    items after the loss that are non-empty tuples or lists of tensors only, in order."""
     items = out if isinstance(out, tuple | list) else ()
+    found = []
     for item in items[1:]:
         if isinstance(item, tuple | list) and item:
             leaves = flatten_tensors(item)
             if len(leaves) == len(item) and all(hasattr(t, "shape") for t in leaves):
-                return item
-    return None
+                found.append(item)
+    return found
 
 
 def _helper(executor: Any) -> str | None:
@@ -185,6 +186,9 @@ class Watch:
         # is the user's): held like a grad call until an optimizer call decides
         self.jit_grads = False
         self.scalar_declined = False  # a scalar beside returned gradients, not taken
+        # tuples of tensors returned beside the loss, none shaped as the Parameters of the
+        # optimizer the step's function refers to: not gradients (``_gradients_returned``)
+        self.tuples_declined = False
         self.owner: Any = None  # the train cell or jit executor that ran the step
         self.amp_scale: float | None = None  # the amp loss scale the forward applied
         self.raw_loss: Any = None  # the loss before the amp loss scaler scaled it
@@ -786,14 +790,18 @@ class Watch:
         self.held = []
 
     def _gradients_returned(self, out: Any) -> Any:
-        """The gradients a top-level jit step returned: a tuple of tensors beside its
-        loss, shaped as the Parameters of the optimizer its function refers to where it
+        """The gradients a top-level jit step returned: the tuple of tensors beside its
+        loss shaped as the Parameters of the optimizer its function refers to, where it
         refers to one (``find_optimizer``, looked up once per function: MindYOLO's step
-        does); None otherwise. (A step that refers to no optimizer -- a micro-batch step
-        over ``value_and_grad(f, None, params)`` -- cannot be checked so: its tuple is
-        taken as gradients, as a ``return loss, grads`` always was.)"""
-        grads = _returned_gradients(out)
-        if grads is None:
+        does), whatever its place (logits returned for a metric may come first); None
+        otherwise, and where tuples were returned but none is so shaped, none of them
+        nor a scalar beside them is taken (``tuples_declined``). (A step that refers to
+        no optimizer -- a micro-batch step over ``value_and_grad(f, None, params)`` --
+        cannot be checked so: its first tuple is taken as gradients, as a ``return loss,
+        grads`` always was.)"""
+        self.tuples_declined = False
+        tuples = _returned_tuples(out)
+        if not tuples:
             return None
         # (MindSpore makes the executor anew for each call: keyed by its function)
         fn, obj = getattr(self.owner, "fn", None), getattr(self.owner, "obj", None)
@@ -803,12 +811,13 @@ class Watch:
             self._fn_optimizers[(id(fn), id(obj))] = known
         opt = known[2]
         if opt is None:
-            return grads
-        params = list(getattr(opt, "parameters", ()) or ())
-        if len(params) != len(grads):
-            return None
-        same = all(tuple(g.shape) == tuple(p.shape) for g, p in zip(grads, params, strict=True))
-        return grads if same else None
+            return tuples[0]
+        shapes = [tuple(p.shape) for p in getattr(opt, "parameters", ()) or ()]
+        for grads in tuples:  # (logits for a metric may come first: MindYOLO's do not)
+            if [tuple(g.shape) for g in grads] == shapes:
+                return grads
+        self.tuples_declined = True  # none is: neither they nor a scalar beside them
+        return None
 
     def _expect_graph(self) -> None:
         """Before a top-level jit call: the recompiler notes the phase it compiles
@@ -844,7 +853,7 @@ class Watch:
 
     def _take_jit_output(self, out: Any, grads: Any = None) -> None:
         """A collected jit step's output: its loss (first), and its gradients or their
-        norm. ``grads``: the gradient tuple it returned (``_returned_gradients``).
+        norm. ``grads``: the gradient tuple it returned (``_gradients_returned``).
         Beside returned gradients a scalar is not taken as grad_norm: nothing proves it
         is one (MindYOLO returns its ``loss_items`` there, a one-element tensor holding
         the loss); the norm is taken from the gradients where they are the step's
@@ -860,7 +869,7 @@ class Watch:
                 second = items[1]
                 self.scalar_declined = int(getattr(second, "size", 0) or 0) == 1
             return
-        if len(items) > 1:
+        if len(items) > 1 and not self.tuples_declined:
             second = items[1]
             if hasattr(second, "shape") and int(getattr(second, "size", 0)) == 1:
                 self.grad_norm = second

@@ -78,6 +78,13 @@ class LayerRise(CardRule, kind="layer_rise"):
         self._level = np.zeros((2, p))
         self._spread = np.zeros((2, p))
         self._sigma = np.full((2, p), SPREAD_FLOOR)  # max(spread x 1.25, SPREAD_FLOOR)
+        # the rows judged on a step: both series, or the gradient norms alone where no
+        # update ratio is known (the default: half the arithmetic, and no all-NaN row to
+        # take the slow median path every step)
+        self._rows = {
+            k: (self._values[:k], self._level[:k], self._spread[:k], self._sigma[:k])
+            for k in (1, 2)
+        }
         self._g = [0.0, 0.0]  # the global grad_norm's level and spread (log10)
         self._count = np.zeros(p, dtype=np.int64)  # over steps in a row, per parameter
         self._counting = False  # some count is not 0
@@ -96,15 +103,15 @@ class LayerRise(CardRule, kind="layer_rise"):
             if self._names is None or list(names) != list(self._names):
                 self._reset(len(grads))  # another parameter set: histories do not compare
             self._names = names
-        values = self._values
+        values, level, spread, sigma = self._rows[1 if ratios is None else 2]
         values[0] = grads
-        values[1] = np.nan if ratios is None else ratios
+        if ratios is not None:
+            values[1] = ratios
         x = np.log10(np.maximum(values, TINY))  # NaN stays NaN, Inf stays Inf
         total = float(np.dot(values[0], values[0]))
         g = 0.5 * math.log10(total) if 0.0 < total < math.inf else math.nan
         n = self.n
         self.n = n + 1
-        level = self._level
         dev = x - level
         # never moved (judged against the others' level instead): checked while some
         # series has not moved yet, and every 64 steps (a level only sinks that far
@@ -116,8 +123,9 @@ class LayerRise(CardRule, kind="layer_rise"):
             if not self._stilled:
                 still = None
         common = _medians(dev if still is None else np.where(still, np.nan, dev))
+        rows = (level, spread, sigma)
         if n < self.min_history:
-            self._learn(x, dev, g, 1.0 / (n + 1), None, common, still)
+            self._learn(rows, x, dev, g, 1.0 / (n + 1), None, common, still)
             return None
         excess = dev - common[:, None]
         if still is not None:
@@ -127,7 +135,7 @@ class LayerRise(CardRule, kind="layer_rise"):
         # ``global_factor`` the whole gradient rose with the layer, and the global rules
         # speak (their blame names it)
         g_rise = g - self._g[0] - common[0]
-        zs = excess / self._sigma
+        zs = excess / sigma
         over = (zs > self.z) & (excess > self.log_factor)
         if not g_rise < self.log_global:
             over[:] = False
@@ -136,16 +144,16 @@ class LayerRise(CardRule, kind="layer_rise"):
                 self._count[:] = 0
                 self._counting = False
             self.episode.settle(calm=True)
-            self._learn(x, dev, g, self.alpha, None, common, still, excess)
+            self._learn(rows, x, dev, g, self.alpha, None, common, still, excess)
             return None
-        over_p = over[0] | over[1]
+        over_p = over.any(axis=0)
         started = over_p & (self._count == 0)
         self._since[started] = step
         self._count = np.where(over_p, self._count + 1, 0)
         self._counting = True
         big = ((excess > self.log_jump) & over).any(axis=0)
         confirmed = over_p & ((self._count >= self.patience) | big)
-        self._learn(x, dev, g, self.alpha, over, common, still, excess)
+        self._learn(rows, x, dev, g, self.alpha, over, common, still, excess)
         self.episode.settle(calm=False)
         if not confirmed.any() or self.episode.active:
             return None
@@ -190,6 +198,7 @@ class LayerRise(CardRule, kind="layer_rise"):
 
     def _learn(
         self,
+        rows: tuple[np.ndarray, np.ndarray, np.ndarray],
         x: np.ndarray,
         dev: np.ndarray,
         g: float,
@@ -204,12 +213,13 @@ class LayerRise(CardRule, kind="layer_rise"):
         quarter of the rate where ``over``; NaN moves nothing. The spread is that of the
         excess (``common``, the step's model-wide move, taken out), the quantity ``z`` is
         judged on: the layers of a model rise and fall together early in training and
-        with the lr, and that shared move is not a layer's own noise."""
-        level, spread, sigma = self._level, self._spread, self._sigma
+        with the lr, and that shared move is not a layer's own noise. ``rows``: the
+        (level, spread, sigma) rows judged this step."""
+        level, spread, sigma = rows
         if still is not None:
             wake = still & (x >= STILL)
             if wake.any():  # a series that never moved moves: its history starts here
-                self._wake(wake, x)
+                self._wake(level, spread, wake, x)
                 dev = x - level
         # ``excess`` (judged this step) is ``dev - common`` unless a still series was
         # judged against the others instead: then, or without it, it is computed here
@@ -242,12 +252,11 @@ class LayerRise(CardRule, kind="layer_rise"):
             self._g[0] += alpha * d
             self._g[1] += alpha * (abs(d) - self._g[1])
 
-    def _wake(self, wake: np.ndarray, x: np.ndarray) -> None:
+    def _wake(self, level: np.ndarray, spread: np.ndarray, wake: np.ndarray, x: np.ndarray) -> None:
         """A series that never moved starts moving: its history starts from what the
         moving series of its kind do (their median level and spread; it has none of its
         own), so a layer unfrozen at the others' pace is at home at once and one unfrozen
         far above them stays over until ``patience`` confirms it."""
-        level, spread = self._level, self._spread
         moving = level >= STILL
         typical = _medians(np.where(moving, level, np.nan))
         usual = _medians(np.where(moving, spread, np.nan))

@@ -23,7 +23,8 @@ from typing import Any
 from msmon_nb.metrics.series import SeriesStore
 from msmon_nb.sinks.base import Fanout
 
-Items = list[tuple[int, float, dict[str, float]]]
+# (step, wall time, scalars, what runs before they go anywhere: ``Outlet.emit``'s ``first``)
+Items = list[tuple[int, float, dict[str, float], Callable[[], Any] | None]]
 
 # collected steps closer together than this are held; the oldest held step waits at most
 # MAX_AGE (the panel redraws every 0.25-1 s)
@@ -42,7 +43,13 @@ class EmitBatch:
         self.since = 0.0  # when the oldest held item arrived
         self.last = -float("inf")  # when the last item arrived, held or not
 
-    def hold(self, step: int, wall: float, values: Mapping[str, float]) -> bool:
+    def hold(
+        self,
+        step: int,
+        wall: float,
+        values: Mapping[str, float],
+        first: Callable[[], Any] | None = None,
+    ) -> bool:
         """While ``on`` (the caller checks it): keep the item for later; False when it
         must be passed on now (the previous item came ``GAP`` or more ago and none is
         waiting)."""
@@ -53,7 +60,7 @@ class EmitBatch:
             return False
         if not self.items:
             self.since = now
-        self.items.append((step, wall, dict(values)))
+        self.items.append((step, wall, dict(values), first))
         return True
 
     def due(self) -> bool:
@@ -82,18 +89,22 @@ class Outlet:
         self.batch = EmitBatch()
         self._guard = guard
 
-    def emit(self, step: int, values: Mapping[str, float]) -> None:
+    def emit(
+        self, step: int, values: Mapping[str, float], first: Callable[[], Any] | None = None
+    ) -> None:
         """Scalars of ``step`` on their way; while holding (``batch.on``), fast steps'
-        scalars wait for their batch, in order."""
-        if not values:
+        scalars wait for their batch, in order. ``first``: work on this step that must
+        come before its scalars reach the rules (``Actions.layer_values``' judgement),
+        held with them so that a batch's runs together."""
+        if not values and first is None:
             return
         wall = time.time()
         batch = self.batch
-        if batch.on and batch.hold(step, wall, values):
+        if batch.on and batch.hold(step, wall, values, first):
             if batch.due():
                 self.release()
             return
-        self._pass_on([(step, wall, dict(values))])
+        self._pass_on([(step, wall, dict(values), first)])
 
     def hold(self, on: bool) -> None:
         """Hold the scalars of collected steps that come less than ``GAP`` apart and pass
@@ -112,10 +123,14 @@ class Outlet:
             self._pass_on(self.batch.take())
 
     def _pass_on(self, items: Items) -> None:
-        for step, wall, values in items:
+        for *_, first in items:
+            if first is not None:
+                self._guard("judging each layer", first)
+        items = [item for item in items if item[2]]
+        for step, wall, values, _ in items:
             self.series.add(step, wall, values)
-        for step, wall, values in items:
+        for step, wall, values, _ in items:
             self.sinks.scalars(step, wall, values)
         if self.observe is not None:
-            for step, _, values in items:
+            for step, _, values, _ in items:
                 self._guard("diagnosing", self.observe, step, values)

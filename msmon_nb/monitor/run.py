@@ -276,9 +276,10 @@ class Monitor(Steering):
         values = self.collector.finish(inputs, step, collect, ended)
         if values is None:
             return
-        if actions is not None and actions.layers.on:  # before the rules see the step
-            actions.layer_values(step, values)
-        self.emit(step, values)
+        first = None  # the per-layer judgement, before the rules see the step
+        if actions is not None and actions.layers.on:
+            first = actions.layer_values(step, values)
+        self.outlet.emit(step, values, first)
         wider = self.collector.widened(self.collect_freq)
         if wider is not None and actions is not None:
             actions.widen_interval(step, wider)

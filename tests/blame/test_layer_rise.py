@@ -86,6 +86,58 @@ def test_the_unbroken_twin_is_quiet_and_training_is_untouched(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
 
 
+def train_model(tmp_path, held: bool):
+    """The same failure in ``Model.train`` (GRAPH_MODE), whose fast steps' scalars and
+    per-layer judgements are held and run in batches (``Monitor.hold_emits``), or, with
+    ``held`` False, passed on one step at a time."""
+    import mindspore.dataset as mds
+    from mindspore.train import Model
+
+    x, y = tiny.data(n=32 * STEPS)
+    ms.set_seed(0)
+    net = nn.SequentialCell(
+        [nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 16), nn.ReLU(), nn.Dense(16, 3)]
+    )
+    params = net.trainable_params()
+    target = params[2]
+    lr = 0.02
+    groups = [
+        {"params": params[:2], "lr": [lr] * STEPS},
+        {"params": [target], "lr": [lr if s < AT else lr * 100 for s in range(STEPS)]},
+        {"params": params[3:], "lr": [lr] * STEPS},
+    ]
+    opt = nn.Momentum(groups, learning_rate=[lr] * STEPS, momentum=0.9)
+    model = Model(net, loss_fn=tiny.loss_fn(), optimizer=opt)
+    data = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(32)
+    mon = Monitor(save_dir=str(tmp_path), blame={"detail_steps": 0, "update_ratio": True})
+    batches: list[int] = []
+    passing_on = mon.outlet._pass_on  # (reached in: how many steps each batch held)
+    mon.outlet._pass_on = lambda items: (batches.append(len(items)), passing_on(items))[1]
+    if not held:
+        mon.hold_emits = lambda on: Monitor.hold_emits(mon, False)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with mon:
+            model.train(1, data, callbacks=[mon.callback()], dataset_sink_mode=False)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    alerts = [(a.kind, a.step, a.since_step, [b["name"] for b in a.blame]) for a in mon.alerts]
+    return target.name, alerts, batches
+
+
+def test_held_steps_are_judged_per_layer_as_one_at_a_time(tmp_path):
+    """Held, the per-layer judgement of a batch of steps runs together when their
+    scalars are passed on (its code stays in the caches), before the rules see them:
+    the alerts, their steps and what they name are those of the steps judged one by
+    one, and the broken group's weight is named first."""
+    target, held, batches = train_model(tmp_path / "held", held=True)
+    _, single, singles = train_model(tmp_path / "single", held=False)
+    assert max(batches) > 1 and max(singles) == 1, (batches, singles)
+    assert held == single
+    _, step, since, named = next(a for a in held if a[0] == "layer_rise")
+    assert named[0] == target and since >= AT and step <= AT + 2, held
+
+
 def test_update_ratios_are_the_parameters_own_update():
     """The ratio of a real optimizer step, against float64 numpy over the same weights;
     a weight written between two steps shows in the next ratio."""
