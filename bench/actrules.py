@@ -144,7 +144,7 @@ def score(runs: list[tuple[Spec, dict]]) -> tuple[list[str], dict]:
     """The table's lines and the totals."""
     lines = [
         f"{'run':28} {'fault':>5} {'diverged':>8} {'warns':>5} {'since':>5} {'first g/l':>9} "
-        f"{'lead':>5}  named (right?)  first grad/loss kind; stray act alerts"
+        f"{'lead':>5}  named (right?)  first grad/loss kind"
     ]
     kinds: dict[str, dict] = {k: {"runs": 0, "found": 0, "named": 0, "leads": []} for k in EXPECT}
     totals = {"healthy_steps": 0, "act_false": 0, "other_false": 0, "stray": 0}
@@ -152,14 +152,15 @@ def score(runs: list[tuple[Spec, dict]]) -> tuple[list[str], dict]:
         found = alerts(rec)
         got = judge(spec, found)
         ours, theirs = got["ours"], got["theirs"]
-        stray = ", ".join(f"{a.kind}@{a.step}" for a in got["stray"])
+        stray = "; stray: " + ", ".join(f"{a.kind}@{a.step}" for a in got["stray"])
+        stray = stray if got["stray"] else ""
         if not spec.fails:
             totals["healthy_steps"] += len(rec["loss"])
             totals["act_false"] += sum(a.kind in ACT_KINDS for a in found)
             totals["other_false"] += sum(a.kind not in ACT_KINDS for a in found)
             lines.append(
                 f"{spec.name:28} {'-':>5} {'-':>8} {'-':>5} {'':>5} {_at(theirs):>9} {'':>5}  "
-                f"{'(healthy)':14}  {theirs.kind if theirs else ''}; {stray}"
+                f"{'(healthy)':14}  {theirs.kind if theirs else ''}{stray}"
             )
             continue
         tally = kinds[spec.kind]
@@ -177,7 +178,7 @@ def score(runs: list[tuple[Spec, dict]]) -> tuple[list[str], dict]:
         lines.append(
             f"{spec.name:28} {spec.at:>5} {_n(diverged(rec['loss'])):>8} {_at(ours):>5} "
             f"{'' if ours is None else ours.since_step:>5} {_at(theirs):>9} {lead:>5}  "
-            f"{named:14}  {theirs.kind if theirs else ''}; {stray}"
+            f"{named:14}  {theirs.kind if theirs else ''}{stray}"
         )
     return lines, {**totals, "kinds": kinds}
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     lines, t = score(runs)
     print(f"activation rules vs today's gradient/loss rules ({path.name}, {len(runs)} runs, "
           "every step collected)")  # fmt: skip
-    print("\n".join(lines))
+    print("\n".join(line.rstrip() for line in lines))
     for kind, tally in t["kinds"].items():
         if not tally["runs"]:
             continue
