@@ -319,6 +319,57 @@ _CARDS = (
             "min_history": Param(20, p.count(2), 30),
         },
     ),
+    # fed every act/<module>/<stat> (``track_metrics: [..., activations]``), one step's
+    # modules in forward order; each alert carries its first module's tag. Tuned on
+    # bench/actrules.py --tuning (output: min_logit 2/5/10, factor 1.5/2/3, t 3/5, window
+    # 8/16; blowup: factor 1.5/2/3, t 3/5, window 8/16; dying: dead 0.95/0.99, patience
+    # 1/2/3): the held-out set was frozen before any rule was written. The tuning set's
+    # picks for the growth rules (factor 1.5, min_logit 5: one step earlier there) warned
+    # while the networks of tests/diagnose/test_rules_activations.py learned: the growth
+    # rules keep the hand-set defaults (factor 2, min_logit 10); dying takes dead 0.95,
+    # patience 2
+    Card("nonfinite_origin", "critical", "several", None),
+    Card(
+        "output_logit_divergence",
+        "warning",
+        "several",
+        None,
+        {
+            "module": Param(None, p.optional_module, "head"),
+            "factor": Param(2.0, p.above_one, 4.0),
+            "t": Param(5.0, p.positive, 8.0),
+            "min_logit": Param(10.0, p.positive, 20.0),
+            "patience": Param(2, p.count(1), 3),
+            "window": Param(16, p.count(4), 32),
+            "min_history": Param(20, p.count(2), 30),
+        },
+    ),
+    Card(
+        "activation_blowup",
+        "warning",
+        "several",
+        None,
+        {
+            "factor": Param(2.0, p.above_one, 4.0),
+            "t": Param(5.0, p.positive, 8.0),
+            "patience": Param(2, p.count(1), 3),
+            "window": Param(16, p.count(4), 32),
+            "min_history": Param(20, p.count(2), 30),
+        },
+    ),
+    Card(
+        "activation_dying",
+        "warning",
+        "several",
+        None,
+        {
+            "dead": Param(0.95, p.fraction, 0.99),
+            "usual_below": Param(0.9, p.fraction, 0.8),
+            "patience": Param(2, p.count(1), 5),
+            "window": Param(50, p.count(4), 100),
+            "min_history": Param(10, p.count(2), 20),
+        },
+    ),
     Card(
         "adam_v_stale",
         "warning",

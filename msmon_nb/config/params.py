@@ -110,3 +110,13 @@ def optional_positive(value: Any) -> float | None:
     if value is None:
         return None
     return positive(value)
+
+
+def optional_module(value: Any) -> str | None:
+    """None (the default module) or a module's name as its ``act/<module>/...`` tags
+    spell it."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "/" in value:
+        raise BadValue("must be a module name as in its act/<module>/... tags, e.g. 'head'")
+    return value

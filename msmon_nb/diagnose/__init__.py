@@ -56,6 +56,18 @@ layer_rise         warning   one parameter's gradient norm or update     first s
                              (or x30 once), while grad_norm rose
                              < x10; fed per-parameter rows by the
                              monitor (``update_layers``)
+nonfinite_origin   critical  an act/<module>/nonfinite > 0 (or a NaN     exact; names the
+                             max_abs): the first module in forward        first module in
+                             order whose output is not finite             forward order
+output_logit_      warning   the output module's act max_abs (last in    step after it left
+divergence                   forward order, or ``module``) x2 over 16    its own band
+                             steps, t >= 5, past x2 its earlier peak,
+                             >= 10, 2 steps in a row
+activation_blowup  warning   a module's act max_abs rising that way      step after it left
+                             and x2 faster than every module before it   its own band
+                             (the output module left to the rule above)
+activation_dying   warning   a module's act zero_frac >= 0.95 for 2      first step of the
+                             steps while usually < 0.9                   climb
 metric_missing     warning   a tracked 'group/tag' absent after 100      first step
                              collected steps
 step_order         warning   a series' step <= its previous step         exact

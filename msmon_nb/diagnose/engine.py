@@ -17,6 +17,13 @@ from msmon_nb.config import COMPUTE_TAG, DATA_TAG
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.config.cards import CARDS, GRAD, LOSS, LR, SEVERITY
 from msmon_nb.config.checks import optimizer_series
+from msmon_nb.diagnose.activations import (
+    ACT_RULES,
+    ActivationBlowup,
+    ActStep,
+    OutputLogitDivergence,
+    act_tag,
+)
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.attention import AttentionGrowth, is_max_logit
 from msmon_nb.diagnose.converge import Convergence
@@ -89,6 +96,13 @@ class Diagnoser:
         self._v_pending: dict[tuple[str, int], float] = {}
         self._layers = self._make(LayerRise, disabled)
         self._attn = self._make(AttentionGrowth, disabled)
+        # the activation rules (act/<module>/<stat>), fed one step's modules at once
+        self._acts = [rule for rule in map(lambda c: self._make(c, disabled), ACT_RULES) if rule]
+        self._act_step = ActStep()
+        if OutputLogitDivergence.kind not in disabled:
+            for rule in self._acts:
+                if isinstance(rule, ActivationBlowup):
+                    rule.output = self.settings[OutputLogitDivergence.kind]["module"] or ""
         # (kind, tag) -> its latest alert and whether that anomaly is still going on
         self._latest: dict[tuple[str, str], tuple[Alert, Callable[[], bool]]] = {}
 
@@ -205,6 +219,7 @@ class Diagnoser:
         v_squares = 0.0
         v_count = 0
         handled = handled_overflow(values)
+        acts: list[tuple[str, str, float]] = []
         for tag, value in values.items():
             route = routes.get(tag)
             if route is None and tag.startswith("opt/") and tag not in self._opt_seen:
@@ -213,6 +228,11 @@ class Diagnoser:
                 if self._attn is not None and is_max_logit(tag):
                     self._attention(new, step, tag, float(value))
                     continue
+                if self._acts:
+                    found = act_tag(tag)
+                    if found is not None:
+                        acts.append((*found, float(value)))
+                        continue
                 # Adam's v, one tag per parameter: summed here for adam_v_stale
                 if vstale is not None and is_moment2_tag(tag):
                     value = float(value)
@@ -232,6 +252,8 @@ class Diagnoser:
                 f = rule.update(step, value)
                 if f is not None:
                     self._raise(new, step, kind, tag, f, _flag(rule))
+        if acts:
+            self._activations(new, step, acts)
         if vstale is not None and (v_count or self._v_pending):
             self._pair_v(
                 new, step, values.get(self._vstale_tag), v_squares**0.5 if v_count else None
@@ -262,6 +284,22 @@ class Diagnoser:
         blamed = tuple(b.to_dict() for b in named[:3])
         new[-1] = dataclasses.replace(new[-1], blame=blamed)
         self._latest[(AttentionGrowth.kind, first)] = (new[-1], _flag(rule))
+
+    def _activations(self, new: list[Alert], step: int, acts: list) -> None:
+        """Feed one step's ``act/<module>/<stat>`` values (in the order recorded: forward
+        order) to the activation rules; each alert carries its first module's tag and
+        names the modules it found (``blame``)."""
+        batch = self._act_step
+        batch.take(acts)
+        for rule in self._acts:
+            f = rule.update(step, batch)
+            if f is None:
+                continue
+            tag = f"act/{rule.named[0].name}/{rule.stat}"
+            self._raise(new, step, rule.kind, tag, f, _flag(rule))
+            blamed = tuple(b.to_dict() for b in rule.named[:3])
+            new[-1] = dataclasses.replace(new[-1], blame=blamed)
+            self._latest[(rule.kind, tag)] = (new[-1], _flag(rule))
 
     def update_layers(
         self, step: int, names: Sequence[str], grads: Any, ratios: Any, top: int = 3

@@ -13,7 +13,7 @@ from typing import Any
 
 from msmon_nb.config.alerts import resolve_settings
 from msmon_nb.config.cards import CARDS, KINDS
-from msmon_nb.diagnose import attention, grad, layers, loss, lr, optim, pipeline, trend
+from msmon_nb.diagnose import activations, attention, grad, layers, loss, lr, optim, pipeline, trend
 from msmon_nb.diagnose import steps as stream
 from msmon_nb.diagnose.alert import Alert
 from msmon_nb.diagnose.base import RULES
@@ -21,7 +21,7 @@ from msmon_nb.diagnose.window import Levels
 
 # the modules whose rule classes register themselves with their cards (``RULES``); a
 # rule in a new module is found once the module is named here
-RULE_MODULES = (attention, grad, layers, loss, lr, optim, pipeline, stream, trend)
+RULE_MODULES = (activations, attention, grad, layers, loss, lr, optim, pipeline, stream, trend)
 
 # Rules fed one tag's finite values (the cards' feed "series"), in the order the engine
 # evaluates them: the cards' order.

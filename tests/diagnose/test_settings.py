@@ -14,6 +14,9 @@ def test_every_kind_has_a_severity_and_an_implementation():
     cross_series = {"nonfinite", "metric_missing", "step_order", "data_bound", "adam_v_stale"}
     cross_series |= {"layer_rise"}  # per-parameter rows, fed by the monitor (monitor.layers)
     cross_series |= {"attention_logit_growth"}  # every attn/<module>/max_logit of a step
+    # every act/<module>/<stat> of a step, modules in forward order
+    cross_series |= {"nonfinite_origin", "output_logit_divergence"}
+    cross_series |= {"activation_blowup", "activation_dying"}
     assert set(SERIES_RULES) | cross_series == set(KINDS)
 
 
