@@ -17,6 +17,9 @@ detection bench, calibrated as there on its tuning set.
     GLOG_v=3 python bench/relapse.py            # replay; retrain 2 runs to check the file
     GLOG_v=3 python bench/relapse.py --smoke    # replay; retrain 1 run
     GLOG_v=3 python bench/relapse.py --regen    # retrain every run, rewrite the frozen file
+    GLOG_v=3 python bench/relapse.py --tuning [--regen]   # the tuning set (other seeds and
+                                                # draws, bench/data/relapse_tuning.json.gz):
+                                                # tune on this one, never on the held-out
     options: --verbose (every alert of ours), --no-before (skip the dabdbaa column)
 """
 
@@ -48,7 +51,7 @@ from bench.detect_score import (  # noqa: E402
     series,
     table,
 )
-from bench.relapse_data import FROZEN, freeze, thaw  # noqa: E402
+from bench.relapse_data import FROZEN, FROZEN_TUNING, freeze, thaw  # noqa: E402
 from bench.relapse_runs import FAILURES, specs, train  # noqa: E402
 
 BEFORE = "dabdbaa"  # the last commit before the convergence judge (issue 36)
@@ -174,16 +177,18 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CI size: retrain one run")
     parser.add_argument("--verbose", action="store_true", help="every run's alerts")
     parser.add_argument("--no-before", action="store_true", help=f"no {BEFORE} column")
+    parser.add_argument("--tuning", action="store_true", help="the tuning set, not the held-out")
     args = parser.parse_args()
     t0 = time.perf_counter()
+    frozen = FROZEN_TUNING if args.tuning else FROZEN
     if args.regen:
         runs = []
-        for spec in specs():
+        for spec in specs(tuning=args.tuning):
             runs.append((spec, train(spec)))
-        size = freeze(runs)
+        size = freeze(runs, frozen)
         print(f"trained {len(runs)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        print(f"froze {FROZEN} ({size / 1e6:.2f} MB)", file=sys.stderr)
-    runs = thaw()
+        print(f"froze {frozen} ({size / 1e6:.2f} MB)", file=sys.stderr)
+    runs = thaw(frozen)
     if args.verbose:
         verbose(runs)
     dets = detectors(thaw_detect()["tuning"])
@@ -209,7 +214,7 @@ def main() -> None:
     print(table(results, title, lead_kinds=FAILURES))
     print()
     print(LEGEND)
-    if not args.regen:
+    if not args.regen and not args.tuning:
         by_name = {spec.name: (spec, rec) for spec, rec in runs}
         for name in CHECK_RUNS[:1] if args.smoke else CHECK_RUNS:
             spec, rec = by_name[name]

@@ -21,6 +21,8 @@ from bench.detect_runs import Spec
 from bench.relapse_runs import lrs_of
 
 FROZEN = Path(__file__).resolve().parent / "data" / "relapse_curves.json.gz"
+# the tuning set (``relapse_runs.specs(tuning=True)``): rules are tuned on this one only
+FROZEN_TUNING = FROZEN.with_name("relapse_tuning.json.gz")
 FORMAT = 1
 
 Run = tuple[Spec, dict[str, Any]]

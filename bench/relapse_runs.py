@@ -67,8 +67,29 @@ RATES: dict[str, tuple[float, float]] = {
 _MEM = {"samples": 64}
 
 
-def bases() -> list[Spec]:
-    """The healthy runs that converge (seeds 430+, none shared with bench/detect_runs)."""
+# the tuning set's seeds are these + TUNING_OFFSET (530+), its names start "rt-", and its
+# breaks are drawn from SEED + TUNING_OFFSET: the same kinds of run, other draws
+TUNING_OFFSET = 100
+
+
+def bases(tuning: bool = False) -> list[Spec]:
+    """The healthy runs that converge (seeds 430+, none shared with bench/detect_runs);
+    ``tuning``: the tuning set's (``TUNING_OFFSET``), for tuning rules on, never the
+    held-out set."""
+    held_out = _bases()
+    if not tuning:
+        return held_out
+    return [
+        dataclasses.replace(
+            b,
+            name="rt-" + b.name[3:].replace(f"-s{b.seed}", f"-s{b.seed + TUNING_OFFSET}"),
+            seed=b.seed + TUNING_OFFSET,
+        )
+        for b in held_out
+    ]
+
+
+def _bases() -> list[Spec]:
     pre_adam = {"steps": 600, "lr": 1e-2, "opt": "adam"}
     return [
         Spec("rl-regress-mlp-sgd-s430", task="regress", opt="sgd", lr=0.3, seed=430,
@@ -91,11 +112,12 @@ def bases() -> list[Spec]:
     ]  # fmt: skip
 
 
-def specs() -> list[Spec]:
-    """Every run of the set: each base unbroken (its control) and broken once per kind."""
-    rng = np.random.default_rng(SEED)
+def specs(tuning: bool = False) -> list[Spec]:
+    """Every run of the set: each base unbroken (its control) and broken once per kind
+    (``tuning``: of the tuning set)."""
+    rng = np.random.default_rng(SEED + (TUNING_OFFSET if tuning else 0))
     out = []
-    for base in bases():
+    for base in bases(tuning):
         base = dataclasses.replace(base, steps=STEPS)
         out.append(dataclasses.replace(base, name=f"{base.name}-control"))
         for kind in FAILURES:
