@@ -17,7 +17,11 @@
 //
 // set(rows, view): rows = [{row, xs, ys, nonfinite: [[step, kind]], flagged: [step]}] for
 // the selected statistic (ys: numbers, null where not finite; `flagged`: steps whose
-// nonfinite count is above 0); view = {scale: "auto" | "log" | "linear", width}.
+// nonfinite count is above 0); view = {scale: "auto" | "log" | "linear", width, alerts:
+// [{step, severity, tag}]}. An alert whose tag is one of this heatmap's modules'
+// (`<group>/<module>/<stat>`: the activation rules name the module) is drawn as a ring, in
+// its severity's colour, round that module's cell at the column of its onset step; other
+// alerts are the line charts'.
 //
 // Test contract: the element carries data-kind="heatmap", data-msmon-tag (its first tag),
 // data-last-step, data-stat (the statistic drawn), data-rows, data-cols, data-bad (non-finite cells) and
@@ -294,7 +298,34 @@ class MsmonHeatmap {
       : g.lo + t * (g.hi - g.lo));
     const ticks = Number.isFinite(g.lo) ? [1, 0.5, 0] : [];
     for (const t of ticks) ctx.fillText(fmtNum(at(t)), bx + 13, top + (1 - t) * (bh - 1));
-    this.grid = { ...g, stat: this.stat, left, top, cellW, cellH, plotW, bar: ticks.map((t) => fmtNum(at(t))) };
+    const alerts = this.alertCells(g);
+    ctx.lineWidth = 2;
+    for (const a of alerts) {
+      ctx.strokeStyle = MSMON_SEVERITY[a.severity] || "#333";
+      ctx.strokeRect(left + a.col * cellW, top + a.row * cellH, Math.max(cellW, 3), cellH);
+    }
+    this.grid = { ...g, stat: this.stat, left, top, cellW, cellH, plotW, alerts,
+      bar: ticks.map((t) => fmtNum(at(t))) };
+  }
+
+  // the alerts on this heatmap's modules as cells: [{row, col, step, severity, module}]
+  // (row and col index the grid; an onset between columns takes the column holding it,
+  // or the nearest)
+  alertCells(g) {
+    const prefix = `${this.spec.group}/`;
+    const out = [];
+    for (const a of this.view.alerts || []) {
+      if (!a.tag || !a.tag.startsWith(prefix) || a.step == null || !g.cols.length) continue;
+      const module = a.tag.slice(prefix.length, a.tag.lastIndexOf("/"));
+      const row = this.rows.findIndex((r) => r.row === module);
+      if (row < 0) continue;
+      let col = g.cols.findIndex((c) => c.hi >= a.step);
+      if (col < 0) col = g.cols.length - 1;
+      else if (col > 0 && g.cols[col].lo > a.step
+        && a.step - g.cols[col - 1].hi < g.cols[col].lo - a.step) col -= 1;
+      out.push({ row, col, step: a.step, severity: a.severity, module });
+    }
+    return out;
   }
 
   // the cell under the cursor: module, step (or step range) and value in the tip
@@ -341,7 +372,7 @@ class MsmonHeatmap {
   // where each cell is on the canvas (CSS px from the canvas's top left)
   drawn() {
     const g = this.grid;
-    if (!g) return { stat: null, rows: this.rows.map((r) => r.row), cols: [], cells: [] };
+    if (!g) return { stat: null, rows: this.rows.map((r) => r.row), cols: [], cells: [], alerts: [] };
     return {
       stat: g.stat,
       rows: this.rows.map((r) => r.row),
@@ -350,6 +381,7 @@ class MsmonHeatmap {
       scale: g.scale,
       range: [g.lo, g.hi],
       bar: g.bar,
+      alerts: g.alerts,
       geometry: { left: g.left, top: g.top, cellW: g.cellW, cellH: g.cellH },
     };
   }

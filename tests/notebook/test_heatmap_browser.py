@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from msmon_nb.events.runs import load_run
-from tests.support.acttrain import EVERY, NAN_STEP, NET, RED, ROWS, heat_pixel_js
+from tests.support.acttrain import CRITICAL, EVERY, NAN_STEP, NET, RED, ROWS, heat_pixel_js
 from tests.support.jupyter_app import (
     KERNEL_STATUS_JS,
     cell_done_js,
@@ -32,6 +32,7 @@ TRAIN = f"%%msmonitor --dir summary --run acts --config m.yaml\ntrain({STEPS}, 0
 HEAT = ".msmon-panel .msmon-heatmap"
 DRAWN = f"document.querySelector('{HEAT}').msmonChart.drawn()"
 PIXEL = heat_pixel_js(HEAT)
+RING_TOP = heat_pixel_js(HEAT, ring_top=True)
 COLS = f"(document.querySelector('{HEAT}')?.dataset.cols|0)"
 
 
@@ -75,13 +76,17 @@ def test_the_panel_draws_the_activations_heatmap_live_with_the_nan_in_its_module
             for i in range(len(ROWS))
             for j in range(len(collected))
         }
+        aux, col = ROWS.index("aux"), collected.index(NAN_STEP)
+        ring = page.evaluate(RING_TOP, [aux, col])
 
     assert lines == []
     assert drawn["stat"] == "norm" and drawn["rows"] == ROWS
     assert [c["lo"] for c in drawn["cols"]] == collected
     run = load_run(tmp_path / "summary" / "acts")
-    col = collected.index(NAN_STEP)
-    aux = ROWS.index("aux")
+    # the activation rules name aux as the NaN's origin: a ring round its cell there
+    mark = {"row": aux, "col": col, "step": NAN_STEP, "severity": "critical", "module": "aux"}
+    assert mark in drawn["alerts"], drawn["alerts"]
+    assert ring == CRITICAL
     for i, row in enumerate(ROWS):
         want = run.scalars(f"act/{row}/norm").values.tolist()
         for j, cell in enumerate(drawn["cells"][i]):

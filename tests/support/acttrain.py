@@ -82,17 +82,21 @@ with mon, mon.watch():
 
 # heatmap.js's MSMON_HEAT_BAD: the colour a non-finite cell is drawn in
 RED = [214, 39, 40]
+CRITICAL = [0xB7, 0x1C, 0x1C]  # an alert's ring (chart.js MSMON_SEVERITY.critical)
 
 
-def heat_pixel_js(selector: str) -> str:
+def heat_pixel_js(selector: str, ring_top: bool = False) -> str:
     """A page function ``([i, j]) => [r, g, b]``: the colour of the canvas pixel at the
     centre of cell (row i, column j) of the heatmap at ``selector``, as the user sees it
-    (the panel's and the viewer's heatmap are the same ``static/heatmap.js``)."""
+    (the panel's and the viewer's heatmap are the same ``static/heatmap.js``); with
+    ``ring_top``, of the pixel just above the cell's top edge, mid-cell, where an alert's
+    ring round the cell is drawn (2 px wide, centred on the edge)."""
+    y_of = "g.top + i * g.cellH - 0.5" if ring_top else "g.top + (i + 0.5) * g.cellH"
     return f"""([i, j]) => {{
   const chart = document.querySelector('{selector}').msmonChart;
   const g = chart.drawn().geometry;
   const dpr = window.devicePixelRatio || 1;
   const x = Math.round((g.left + (j + 0.5) * g.cellW) * dpr);
-  const y = Math.round((g.top + (i + 0.5) * g.cellH) * dpr);
+  const y = Math.floor(({y_of}) * dpr);
   return [...chart.canvas.getContext('2d').getImageData(x, y, 1, 1).data].slice(0, 3);
 }}"""

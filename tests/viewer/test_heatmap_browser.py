@@ -17,13 +17,14 @@ import sys
 from msmon_nb.events.runs import load_run
 from msmon_nb.metrics.charts import CHART_ASSETS
 from tests.conftest import ROOT
-from tests.support.acttrain import EVERY, NAN_STEP, RED, ROWS, SCRIPT, heat_pixel_js
+from tests.support.acttrain import CRITICAL, EVERY, NAN_STEP, RED, ROWS, SCRIPT, heat_pixel_js
 from tests.viewer.test_browser import browser, open_page, wait_for  # noqa: F401
 
 STEPS = 60
 HEAT = "#charts .msmon-heatmap"
 DRAWN = f"() => document.querySelector('{HEAT}').msmonChart.drawn()"
 PIXEL = heat_pixel_js(HEAT)
+RING_TOP = heat_pixel_js(HEAT, ring_top=True)
 
 
 def attr(page, name: str) -> str | None:
@@ -95,6 +96,15 @@ def test_activations_heatmap_grows_live_and_marks_the_nan_in_its_module(
     # a colour bar with values: its top is the largest norm drawn
     finite = [c for row in drawn["cells"] for c in row if isinstance(c, float)]
     assert drawn["bar"][0] == page.evaluate("(v) => fmtNum(v)", max(finite))
+
+    # the activation rules name aux as the NaN's origin (nonfinite_origin, at its step):
+    # a ring in the critical colour round aux's cell there, drawn on the canvas
+    wait_for(page, f"() => ({DRAWN})().alerts.some((a) => a.module === 'aux')", None, 20_000)
+    marks = page.evaluate(DRAWN)["alerts"]
+    assert {"row": aux, "col": col, "step": NAN_STEP, "severity": "critical", "module": "aux"} in (
+        marks
+    ), marks
+    assert page.evaluate(RING_TOP, [aux, col]) == CRITICAL
 
     # the hover names module, step and value
     page.locator(f"{HEAT} canvas").scroll_into_view_if_needed()

@@ -465,13 +465,13 @@ class Panel {
   }
 
   draw(chart, width) {
-    if (chart.kind === "heatmap") {
-      // a whole row of the grid (chart.css): its width, not a half
-      chart.set(heatRowsOf(this, chart), { scale: this.scale, width: this.rowWidth() });
-      return;
-    }
     const alerts = this.alerts.map((a) => ({ step: a.since_step ?? a.step,
       severity: a.severity, tag: alertTag(a) }));
+    if (chart.kind === "heatmap") {
+      // a whole row of the grid (chart.css): its width, not a half
+      chart.set(heatRowsOf(this, chart), { scale: this.scale, width: this.rowWidth(), alerts });
+      return;
+    }
     const marks = this.interventions.map(interventionMark).filter(Boolean);
     chart.set(seriesOf(this, { tags: chart.keys, labels: chart.labels }),
       { smooth: this.smooth, scale: this.scale, alerts, marks, width });

@@ -468,7 +468,10 @@ function drawHeatmap(c) {
     return { row, xs: s.steps, ys: s.values, flagged,
       nonfinite: s.nonfinite.steps.map((step, j) => [step, s.nonfinite.kinds[j]]) };
   });
-  chart.set(rows, { scale: state.yscale, width: chartWidth(chart) });
+  // the run's alerts on its modules (the heatmap keeps those whose tag is one of them)
+  const alerts = (run ? state.alerts.get(run.name) || [] : []).map((a) => ({
+    step: a.since_step ?? a.step, severity: a.severity, tag: alertTag(a) }));
+  chart.set(rows, { scale: state.yscale, width: chartWidth(chart), alerts });
   chart.setTitleNote(run && state.selected.size > 1 ? run.name : "");
 }
 
