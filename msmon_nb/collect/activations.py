@@ -203,12 +203,14 @@ class Activations:
         warn_once: Callable[[str, str], None],
         outputs: bool = True,
         attention: bool = False,
+        attention_targets: Sequence[str] | None = None,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
         self.outputs = outputs or grads  # act/... recorded (else only attn/...)
         self.attention: AttentionHooks | None = AttentionHooks() if attention else None
-        self.attn_modules: list[tuple[str, Any]] = []
+        self.attention_targets = list(attention_targets or ())
+        self.attn_modules: list[tuple[str, Any, Any]] = []  # (path, cell, attnform form)
         self.warn_once = warn_once
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
@@ -244,14 +246,7 @@ class Activations:
             self.root = cell
             self.modules = select_modules(cell, self.targets) if self.outputs else []
             if self.attention is not None:
-                self.attn_modules = attention_modules(module_paths(cell))
-                if not self.attn_modules:
-                    self.warn_once(
-                        "attention none",
-                        f"attention: {type(cell).__name__} holds no attention module msmon "
-                        "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer "
-                        "and DecoderLayer); no attn/... series are recorded",
-                    )
+                self.attn_modules = self._attention_modules(cell)
             if self.outputs and not self.modules:
                 self.warn_once(
                     "activations none",
@@ -268,9 +263,9 @@ class Activations:
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
-        for path, cell in self.attn_modules if self.attention is not None else ():
+        for path, cell, form in self.attn_modules if self.attention is not None else ():
             self.before.append((cell, *_hook_state(cell)))
-            hook = self.attention.hook(f"attn/{param_tag(path)}", self._count)
+            hook = self.attention.hook(f"attn/{param_tag(path)}", form, self._count)
             self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
 
     def _count(self) -> None:
@@ -321,15 +316,6 @@ class Activations:
         self.wants_root = False
         if self.graph is not None or root is None:
             return
-        if self.attention is not None:
-            self.warn_once(
-                "attention compiled",
-                "attention: attn/... signals are recorded in PyNative steps only; this "
-                "step runs compiled (a @ms.jit step or a GRAPH_MODE train cell), so they "
-                "are not recorded for it; training goes on",
-            )
-        if not self.outputs:
-            return
         if reuse is not None:
             self.graph = reuse
             reuse.install()
@@ -337,11 +323,13 @@ class Activations:
             return
         from msmon_nb.collect.acttaps import GraphActivations
 
-        modules = select_modules(root, self.targets)
-        if not modules:
+        modules = select_modules(root, self.targets) if self.outputs else []
+        if self.outputs and not modules:
             self.warn_once("activations none", f"activations: no module selected in {root!r}")
+        attn = self._attention_modules(root) if self.attention is not None else []
+        if not modules and not attn:
             return
-        self.graph = GraphActivations(modules)
+        self.graph = GraphActivations(modules, attn)
         self.graph.set_collect(self.collecting)
         if self.grads:
             self.warn_once(
@@ -349,6 +337,22 @@ class Activations:
                 "act_grad is recorded in PyNative steps; inside this compiled step only the "
                 "activations are (act/...), not their gradients; training goes on",
             )
+
+    def _attention_modules(self, root: Any) -> list[tuple[str, Any, Any]]:
+        """``root``'s attention modules and their forms (``attention.attention_modules``);
+        each named module that does not fit, and none found at all, warn once."""
+        found, problems = attention_modules(module_paths(root), self.attention_targets)
+        for problem in problems:
+            self.warn_once(f"attention {problem}", f"{problem}; training goes on")
+        if not found:
+            self.warn_once(
+                "attention none",
+                f"attention: {type(root).__name__} holds no attention module msmon "
+                "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer and "
+                "DecoderLayer) and attention_targets names none that fits; no attn/... "
+                "series are recorded",
+            )
+        return found
 
     def take(self, compiled: bool = False) -> dict[str, float]:
         """The collected step's ``{tag: value}``; the hooks go and what they kept too.

@@ -148,11 +148,17 @@ class MonitorCallback(Callback):
             self.monitor.warn_once,
             outputs=config.tracks("activations"),
             attention=config.tracks("attention"),
+            attention_targets=config.attention_targets,
         )
         self.acts = acts
         if graph_mode():
             kept = getattr(network, "_msmon_acts", None)
-            targets = config.module_targets
+            # the selection a kept graph was compiled with: what it taps
+            targets = (
+                config.module_targets,
+                config.tracks("activations"),
+                config.attention_targets if config.tracks("attention") else False,
+            )
             reuse = kept[1] if kept is not None and kept[0] == targets else None
             acts.compiled_root(network, reuse)
             if acts.graph is not None and reuse is None:

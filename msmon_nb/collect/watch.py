@@ -168,6 +168,7 @@ class Watch:
                 recorder.warn_once,
                 outputs=config.tracks("activations"),
                 attention=config.tracks("attention"),
+                attention_targets=config.attention_targets,
             )
 
     def _reset(self) -> None:
