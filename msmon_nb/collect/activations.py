@@ -220,6 +220,7 @@ class Activations:
         self.wants_root = False  # a collected step began before the network was known
         self.computed = 0  # statistics computed (one per module and kind, per step)
         self.graph: Any = None  # collect.acttaps.GraphActivations, once a compiled step ran
+        self.failed = False  # a compiled step could not compile its taps: none again
         self.collecting = False
         self.calls = 0  # hook calls: only collected steps make any
 
@@ -292,6 +293,12 @@ class Activations:
 
         return backward_hook
 
+    def tap_failed(self) -> None:
+        """A compiled step failed compiling a tap of ours (``tapguard``), and its classes
+        are back: no graph of this watch taps them again, nothing stale is read."""
+        self.failed = True
+        self.graph = None
+
     def close(self) -> None:
         """The watch ends: hooks off, swapped classes back."""
         self.disarm()
@@ -314,7 +321,7 @@ class Activations:
         ``reuse``: the ``GraphActivations`` a graph of ``root`` was compiled with (an
         earlier ``Model.train`` call's), whose classes go on again."""
         self.wants_root = False
-        if self.graph is not None or root is None:
+        if self.graph is not None or root is None or self.failed:
             return
         if reuse is not None:
             self.graph = reuse

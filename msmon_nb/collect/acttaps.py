@@ -160,6 +160,11 @@ class GraphActivations:
         """How many statistics vectors the graphs computed so far (``count``)."""
         return int(self.count.asnumpy())
 
+    @property
+    def installed(self) -> bool:
+        """Whether the tapped classes are on (``tapguard.TapSet``)."""
+        return any(type(cell) is tapped for cell, _, tapped in self.swapped)
+
     def install(self) -> None:
         """Every selected cell takes its tapped class (again: a train cell's graph
         compiled with them is reused by the next ``Model.train`` call, and whatever

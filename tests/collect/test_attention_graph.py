@@ -245,3 +245,39 @@ def test_compiled_steps_exact_and_training_unchanged(tmp_path, shape):
     if shape != "model_train":  # computed on collected steps only, two modules each
         graph = got[3].acts.graph
         assert graph.computed() == 2 * len(steps) and graph.reads == len(steps)
+
+
+def _uncompilable(x, w, b, rows, b_rows, wide):
+    try:  # graph syntax has no try: compiling any graph that calls this fails
+        return ms.ops.matmul(x, w)
+    finally:
+        pass
+
+
+@pytest.mark.parametrize("shape", ["jit", "model_train"], indirect=True)
+def test_a_tap_that_cannot_compile_is_switched_off_and_training_goes_on(
+    tmp_path, shape, monkeypatch
+):
+    """The failure is injected (``attntaps._project`` replaced by one with a statement
+    MindSpore's graph parser refuses): the step compiles again without any tap of ours,
+    once, with one warning; training is bit-identical and nothing stale is recorded."""
+    from msmon_nb.collect import attntaps
+
+    plain = compiled_run(shape)
+    monkeypatch.setattr(attntaps, "_project", _uncompilable)
+    cfg = dict(save_dir=str(tmp_path), log_interval=EVERY,
+               track_metrics=[*CORE_METRICS, "attention"])  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(**cfg) as mon:
+            got = compiled_run(shape, mon)
+    said = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    told = [m for m in said if "could not compile" in m]
+    assert len(told) == 1 and "Unsupported statement 'Try'" in told[0], said
+    for want, have in zip(state(plain[0]), state(got[0]), strict=True):
+        np.testing.assert_array_equal(have, want)
+    assert all(not hasattr(type(c), "_msmon_attn_of") for _, c in got[2].cells_and_names())
+    run = load_run(mon.run_dir)
+    assert not [t for t in run.tags() if t.startswith("attn/")]
+    collected = [3, 6] if shape == "model_train" else [0, 3, 6]
+    assert run.scalars("train/loss").steps.tolist() == collected
