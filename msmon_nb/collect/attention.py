@@ -23,7 +23,8 @@ the logits are recomputed from those copies in float64 numpy -- the module is ne
 called again, its Parameters only read. A step not collected runs no hook of ours.
 
 ``max_logit`` is the largest scaled logit among the positions the masks let through
-(a masked position's logit is never attended to); ``entropy`` is the mean, over batch,
+(a masked position's logit is never attended to: a bool mask's True, an additive mask of
+-inf or at most ``CLOSED``, -10000); ``entropy`` is the mean, over batch,
 heads and queries, of the entropy (nats) of the softmax rows the module computes
 (additive float masks included). ``max_logit`` is signed: the largest logit, not the
 largest magnitude, since a very negative logit only silences a key.
@@ -48,6 +49,10 @@ from msmon_nb.collect.attnform import Arg, AttentionForm, attention_forms, is_mh
 from msmon_nb.collect.tensors import to_numpy
 
 ATTN_STATS = ("max_logit", "entropy")
+# an additive mask at or below this marks a position not attended (for max_logit): -inf,
+# BERT's -10000 and the float-min masks of HF-style models alike (exp(-10000) is 0 in
+# any float type)
+CLOSED = -1e4
 
 
 def is_attention(cell: Any) -> bool:
@@ -139,7 +144,7 @@ def signals(snap: Snapshot) -> dict[str, float]:
     logits = (q @ k.swapaxes(-1, -2)) / math.sqrt(dim)  # (N, H, L, S)
     mask = _additive_mask(snap, batch, heads, length, logits.shape[-1], extra, batched)
     shown = logits + mask
-    open_ = np.isfinite(mask)
+    open_ = mask > CLOSED
     # like max_abs, a NaN is reported, never skipped
     bad = np.isnan(logits).any() or not open_.any()
     top = math.nan if bad else float(np.max(logits[open_]))

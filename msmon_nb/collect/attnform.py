@@ -45,7 +45,8 @@ K_NAMES = ("k_proj", "key", "wk", "k", "k_lin", "to_k")
 HEAD_NAMES = ("num_heads", "num_attention_heads", "n_heads", "n_head", "heads")
 KEY_INPUTS = ("encoder_hidden_states", "key_value_states", "memory")
 MASK_INPUTS = ("attention_mask", "attn_mask", "mask")
-ROTARY_WORDS = ("rotary", "rope")
+# a sub-cell or attribute name saying the module rotates its queries and keys
+ROTARY = re.compile(r"rotary|(^|_)rope(_|$)")
 
 # (positional index, keyword name) of a construct argument; index -1: keyword only
 Arg = tuple[int, str]
@@ -126,7 +127,7 @@ def named_form(path: str, cell: Any) -> AttentionForm:
     if len(inner) == 1:
         return mha_form(inner[0])
     children = dict(cell.name_cells())
-    rotary = [n for n in (*children, *vars(cell)) if any(w in n.lower() for w in ROTARY_WORDS)]
+    rotary = [n for n in (*children, *vars(cell)) if ROTARY.search(n.lower())]
     if rotary:
         raise AttentionShapeError(
             f"{name} applies rotary position embeddings ({rotary[0]!r}): its logits are of "

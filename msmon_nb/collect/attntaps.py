@@ -28,6 +28,7 @@ from typing import Any
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
+from msmon_nb.collect.attention import CLOSED
 from msmon_nb.collect.attnform import AttentionForm
 
 _ONE = Tensor(1, ms.int32)
@@ -127,7 +128,7 @@ def graph_signals(form: AttentionForm, wide: Any) -> Any:
             pad = _pad_keys(pad, extra, wide)
             mask = mask + ops.reshape(pad, (batch, 1, 1, src))
         shown = logits + mask
-        open_ = ops.isfinite(mask)
+        open_ = mask > CLOSED
         low = ops.full_like(logits, float("-inf"))
         top = ops.reduce_max(ops.select(open_, logits, low))
         # like max_abs, a NaN is reported, never skipped
