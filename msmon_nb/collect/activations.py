@@ -29,8 +29,11 @@ with the most parameters that the jit step refers to (``compiled_root``). ``act_
 is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
 
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
-attention modules of the same network on the same collected steps, and come off with
-these. ``outputs`` False (``attention`` without ``activations``) records only those.
+attention modules of the same network (``collect.attnform``: every
+``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
+steps, and come off with these; in compiled steps their signals are compiled in beside
+the activations' (``collect.attntaps``, the same flag). ``outputs`` False (``attention``
+without ``activations``) records only those.
 """
 
 from __future__ import annotations
