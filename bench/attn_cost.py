@@ -9,7 +9,7 @@ metrics every 10th step; the same plus ``attention`` (two modules' max logit and
 computed in the graph on collected steps: float64 on the CPU); and attention every step.
 Ratios per round against plain and against the core monitor beside it: median (min-max).
 
-    python bench/attn_cost.py [--train-steps 30] [--rounds 6] [--instances 1]
+    python bench/attn_cost.py [--train-steps 30] [--rounds 12] [--instances 1]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--instances", type=int, default=1)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
