@@ -59,6 +59,7 @@ BENCHES = (
     Bench("layers", (), ("--smoke",)),
     Bench("attn", (), ("--smoke",)),
     Bench("actrules", (), ("--smoke",)),
+    Bench("attn_cost", (), ("--train-steps", "3", "--rounds", "1")),
     Bench("overhead", ("--rounds", "10"),
           ("--steps", "5", "--rounds", "2", "--train-steps", "10", "--instances", "1")),
     # msprobe's arms run where MSMON_MSPROBE_PATH names a dir it is installed in (else

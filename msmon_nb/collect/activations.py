@@ -29,8 +29,11 @@ with the most parameters that the jit step refers to (``compiled_root``). ``act_
 is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
 
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
-attention modules of the same network on the same collected steps, and come off with
-these. ``outputs`` False (``attention`` without ``activations``) records only those.
+attention modules of the same network (``collect.attnform``: every
+``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
+steps, and come off with these; in compiled steps their signals are compiled in beside
+the activations' (``collect.attntaps``, the same flag). ``outputs`` False (``attention``
+without ``activations``) records only those.
 """
 
 from __future__ import annotations
@@ -203,12 +206,14 @@ class Activations:
         warn_once: Callable[[str, str], None],
         outputs: bool = True,
         attention: bool = False,
+        attention_targets: Sequence[str] | None = None,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
         self.outputs = outputs or grads  # act/... recorded (else only attn/...)
         self.attention: AttentionHooks | None = AttentionHooks() if attention else None
-        self.attn_modules: list[tuple[str, Any]] = []
+        self.attention_targets = list(attention_targets or ())
+        self.attn_modules: list[tuple[str, Any, Any]] = []  # (path, cell, attnform form)
         self.warn_once = warn_once
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
@@ -218,6 +223,7 @@ class Activations:
         self.wants_root = False  # a collected step began before the network was known
         self.computed = 0  # statistics computed (one per module and kind, per step)
         self.graph: Any = None  # collect.acttaps.GraphActivations, once a compiled step ran
+        self.failed = False  # a compiled step could not compile its taps: none again
         self.collecting = False
         self.calls = 0  # hook calls: only collected steps make any
 
@@ -244,14 +250,7 @@ class Activations:
             self.root = cell
             self.modules = select_modules(cell, self.targets) if self.outputs else []
             if self.attention is not None:
-                self.attn_modules = attention_modules(module_paths(cell))
-                if not self.attn_modules:
-                    self.warn_once(
-                        "attention none",
-                        f"attention: {type(cell).__name__} holds no attention module msmon "
-                        "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer "
-                        "and DecoderLayer); no attn/... series are recorded",
-                    )
+                self.attn_modules = self._attention_modules(cell)
             if self.outputs and not self.modules:
                 self.warn_once(
                     "activations none",
@@ -268,9 +267,9 @@ class Activations:
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
-        for path, cell in self.attn_modules if self.attention is not None else ():
+        for path, cell, form in self.attn_modules if self.attention is not None else ():
             self.before.append((cell, *_hook_state(cell)))
-            hook = self.attention.hook(f"attn/{param_tag(path)}", self._count)
+            hook = self.attention.hook(f"attn/{param_tag(path)}", form, self._count)
             self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
 
     def _count(self) -> None:
@@ -297,6 +296,12 @@ class Activations:
 
         return backward_hook
 
+    def tap_failed(self) -> None:
+        """A compiled step failed compiling a tap of ours (``tapguard``), and its classes
+        are back: no graph of this watch taps them again, nothing stale is read."""
+        self.failed = True
+        self.graph = None
+
     def close(self) -> None:
         """The watch ends: hooks off, swapped classes back."""
         self.disarm()
@@ -319,16 +324,7 @@ class Activations:
         ``reuse``: the ``GraphActivations`` a graph of ``root`` was compiled with (an
         earlier ``Model.train`` call's), whose classes go on again."""
         self.wants_root = False
-        if self.graph is not None or root is None:
-            return
-        if self.attention is not None:
-            self.warn_once(
-                "attention compiled",
-                "attention: attn/... signals are recorded in PyNative steps only; this "
-                "step runs compiled (a @ms.jit step or a GRAPH_MODE train cell), so they "
-                "are not recorded for it; training goes on",
-            )
-        if not self.outputs:
+        if self.graph is not None or root is None or self.failed:
             return
         if reuse is not None:
             self.graph = reuse
@@ -337,11 +333,13 @@ class Activations:
             return
         from msmon_nb.collect.acttaps import GraphActivations
 
-        modules = select_modules(root, self.targets)
-        if not modules:
+        modules = select_modules(root, self.targets) if self.outputs else []
+        if self.outputs and not modules:
             self.warn_once("activations none", f"activations: no module selected in {root!r}")
+        attn = self._attention_modules(root) if self.attention is not None else []
+        if not modules and not attn:
             return
-        self.graph = GraphActivations(modules)
+        self.graph = GraphActivations(modules, attn)
         self.graph.set_collect(self.collecting)
         if self.grads:
             self.warn_once(
@@ -349,6 +347,22 @@ class Activations:
                 "act_grad is recorded in PyNative steps; inside this compiled step only the "
                 "activations are (act/...), not their gradients; training goes on",
             )
+
+    def _attention_modules(self, root: Any) -> list[tuple[str, Any, Any]]:
+        """``root``'s attention modules and their forms (``attention.attention_modules``);
+        each named module that does not fit, and none found at all, warn once."""
+        found, problems = attention_modules(module_paths(root), self.attention_targets)
+        for problem in problems:
+            self.warn_once(f"attention {problem}", f"{problem}; training goes on")
+        if not found:
+            self.warn_once(
+                "attention none",
+                f"attention: {type(root).__name__} holds no attention module msmon "
+                "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer and "
+                "DecoderLayer) and attention_targets names none that fits; no attn/... "
+                "series are recorded",
+            )
+        return found
 
     def take(self, compiled: bool = False) -> dict[str, float]:
         """The collected step's ``{tag: value}``; the hooks go and what they kept too.

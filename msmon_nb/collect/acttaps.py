@@ -40,6 +40,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
+from msmon_nb.collect.attention import ATTN_STATS
+from msmon_nb.collect.attntaps import tapped_attention_class
 from msmon_nb.collect.graph import tap_scalar, write_scalar
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS
@@ -82,9 +84,15 @@ def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, 
 
 
 class GraphActivations:
-    """The swapped classes of one watch's selected modules, their Parameters and flag."""
+    """The swapped classes of one watch's selected modules, their Parameters and flag;
+    ``attention``: the attention modules whose signals are computed too (``attntaps``),
+    under the same flag and count."""
 
-    def __init__(self, modules: Sequence[tuple[str, Any]]) -> None:
+    def __init__(
+        self,
+        modules: Sequence[tuple[str, Any]],
+        attention: Sequence[tuple[str, Any, Any]] = (),
+    ) -> None:
         cpu = ms.get_context("device_target") == "CPU"
         self.dtype = np.float64 if cpu else np.float32
         wide = ms.float64 if cpu else ms.float32
@@ -106,6 +114,23 @@ class GraphActivations:
             self.swapped.append(
                 (cell, original, _tapped_class(original, store, self.on, self.count, wide))
             )
+        # prefix -> the statistics its vector holds before the serial
+        self.stats: dict[str, tuple[str, ...]] = dict.fromkeys(self.stores, ACT_STATS)
+        for path, cell, form in attention:
+            store = Parameter(
+                Tensor(np.zeros(len(ATTN_STATS) + 1, self.dtype)),
+                name=f"msmon_attn_{next(_SERIAL)}",
+                requires_grad=False,
+            )
+            prefix = f"attn/{param_tag(path)}"
+            self.stores[prefix] = store
+            self.stats[prefix] = ATTN_STATS
+            # built on the class the cell has then (a tapped one, if it is also a module
+            # whose activations are recorded): uninstall puts them back in reverse
+            held = [t for c, _, t in self.swapped if c is cell]
+            original = held[-1] if held else type(cell)
+            tapped = tapped_attention_class(original, form, store, self.on, self.count, wide)
+            self.swapped.append((cell, original, tapped))
         self.install()
         self.reads = 0  # collected steps read
         self.serials: dict[str, float] = {}  # prefix -> the serial its values had last read
@@ -127,13 +152,18 @@ class GraphActivations:
             if serial <= self.serials.get(prefix, 0.0):
                 continue  # not computed since the last read: stale, not this step's
             self.serials[prefix] = serial
-            for stat, value in zip(ACT_STATS, values[:-1], strict=True):
+            for stat, value in zip(self.stats[prefix], values[:-1], strict=True):
                 out[f"{prefix}/{stat}"] = float(value)
         return out
 
     def computed(self) -> int:
         """How many statistics vectors the graphs computed so far (``count``)."""
         return int(self.count.asnumpy())
+
+    @property
+    def installed(self) -> bool:
+        """Whether the tapped classes are on (``tapguard.TapSet``)."""
+        return any(type(cell) is tapped for cell, _, tapped in self.swapped)
 
     def install(self) -> None:
         """Every selected cell takes its tapped class (again: a train cell's graph

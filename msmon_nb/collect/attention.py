@@ -8,9 +8,12 @@ then saturates to one-hot rows (entropy collapses towards 0) and the loss diverg
 steps later (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer
 training instabilities"; Dehghani et al. 2023). Both move before the gradient norm does.
 
-Found by structure: every ``mindspore.nn.MultiheadAttention`` under the network (so every
-``nn.TransformerEncoderLayer`` / ``DecoderLayer``, which hold one). ``module_targets``
-does not restrict them: a model has few, and two series each.
+Found by structure (``collect.attnform``): every ``mindspore.nn.MultiheadAttention``
+under the network (so every ``nn.TransformerEncoderLayer`` / ``DecoderLayer``, which hold
+one), and each module ``attention_targets`` names whose logits are a projection of its
+inputs (query/key ``nn.Dense`` sub-cells and a head count; the shape it must have, and
+what is refused, are ``attnform``'s). ``module_targets`` does not restrict them: a model
+has few, and two series each.
 
 How, without touching training: on a collected PyNative step a forward hook of ours sees
 the module's own inputs (query, key, masks); it copies them and the module's query and
@@ -20,7 +23,8 @@ the logits are recomputed from those copies in float64 numpy -- the module is ne
 called again, its Parameters only read. A step not collected runs no hook of ours.
 
 ``max_logit`` is the largest scaled logit among the positions the masks let through
-(a masked position's logit is never attended to); ``entropy`` is the mean, over batch,
+(a masked position's logit is never attended to: a bool mask's True, an additive mask of
+-inf or at most ``CLOSED``, -10000); ``entropy`` is the mean, over batch,
 heads and queries, of the entropy (nats) of the softmax rows the module computes
 (additive float masks included). ``max_logit`` is signed: the largest logit, not the
 largest magnitude, since a very negative logit only silences a key.
@@ -28,8 +32,9 @@ largest magnitude, since a very negative logit only silences a key.
 The max *output* logit needs nothing new: ``act/<the output layer>/max_abs``
 (``collect.activations``) is the largest logit magnitude of the model's last layer.
 
-Compiled steps (``@ms.jit``, GRAPH_MODE cells) run no Python hook and the recomputation
-is not compiled into their graph: there one warning says these are not recorded.
+Compiled steps (``@ms.jit``, GRAPH_MODE train cells, ``Model.train``) run no Python
+hook: there the same arithmetic is compiled into the step's graph (``collect.attntaps``),
+computed only while the collect flag is 1.
 """
 
 from __future__ import annotations
@@ -40,57 +45,73 @@ from typing import Any
 
 import numpy as np
 
+from msmon_nb.collect.attnform import Arg, AttentionForm, attention_forms, is_mha, mha_form
 from msmon_nb.collect.tensors import to_numpy
 
 ATTN_STATS = ("max_logit", "entropy")
+# an additive mask at or below this marks a position not attended (for max_logit): -inf,
+# BERT's -10000 and the float-min masks of HF-style models alike (exp(-10000) is 0 in
+# any float type)
+CLOSED = -1e4
 
 
 def is_attention(cell: Any) -> bool:
-    """Whether ``cell`` is an attention module whose logits we can recompute."""
-    from mindspore import nn
-
-    return isinstance(cell, nn.MultiheadAttention)
+    """Whether ``cell`` is an attention module msmon finds by itself (its class)."""
+    return is_mha(cell)
 
 
-def attention_modules(paths: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The attention modules among ``[(path, cell)]`` (``activations.module_paths``)."""
-    return [(path, cell) for path, cell in paths if is_attention(cell)]
+def attention_modules(
+    paths: list[tuple[str, Any]], targets: list[str] | None = None
+) -> tuple[list[tuple[str, Any, AttentionForm]], list[str]]:
+    """The attention modules among ``[(path, cell)]`` (``activations.module_paths``):
+    every ``nn.MultiheadAttention`` and each module ``attention_targets`` names, with
+    their forms, and what did not fit (``attnform.attention_forms``)."""
+    return attention_forms(paths, targets)
 
 
-def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+def _arg(args: tuple, kwargs: dict, where: Arg | None) -> Any:
     """A ``construct`` argument given by position or by name; None when absent."""
+    if where is None:
+        return None
+    index, name = where
     if name in kwargs:
         return kwargs[name]
-    return args[index] if len(args) > index else None
+    return args[index] if 0 <= index < len(args) else None
 
 
 def _host(value: Any) -> np.ndarray | None:
     return None if value is None else np.array(to_numpy(value))
 
 
-class Snapshot:
-    """What one forward call of an attention module computed its logits from."""
+def _rows(value: np.ndarray | None, rows: tuple[int, int] | None) -> np.ndarray | None:
+    if value is None or rows is None:
+        return value
+    return value[rows[0] : rows[1]]
 
-    def __init__(self, cell: Any, args: tuple, kwargs: dict) -> None:
-        # MultiheadAttention.construct(query, key, value, key_padding_mask,
-        # need_weights, attn_mask, average_attn_weights)
-        self.query = _host(_arg(args, kwargs, 0, "query"))
-        self.key = _host(_arg(args, kwargs, 1, "key"))
-        self.key_padding_mask = _host(_arg(args, kwargs, 3, "key_padding_mask"))
-        self.attn_mask = _host(_arg(args, kwargs, 5, "attn_mask"))
-        embed = int(cell.embed_dim)
-        if cell.in_proj_weight is not None:
-            weight = _host(cell.in_proj_weight)
-            self.w_q, self.w_k = weight[:embed], weight[embed : 2 * embed]
-        else:
-            self.w_q, self.w_k = _host(cell.q_proj_weight), _host(cell.k_proj_weight)
-        bias = _host(cell.in_proj_bias)
-        self.b_q = None if bias is None else bias[:embed]
-        self.b_k = None if bias is None else bias[embed : 2 * embed]
-        self.bias_k = _host(cell.bias_k)
-        self.zero_attn = bool(cell.add_zero_attn)
-        self.heads = int(cell.num_heads)
-        self.batch_first = bool(cell.batch_first)
+
+class Snapshot:
+    """What one forward call of an attention module computed its logits from: its
+    inputs and its query/key weights, copied to the host (``form``: where they are;
+    ``nn.MultiheadAttention``'s when not given)."""
+
+    def __init__(
+        self, cell: Any, args: tuple, kwargs: dict, form: AttentionForm | None = None
+    ) -> None:
+        form = form if form is not None else mha_form(cell)
+        self.query = _host(_arg(args, kwargs, form.query))
+        key = _arg(args, kwargs, form.key)
+        self.key = self.query if key is None else _host(key)
+        self.key_padding_mask = _host(_arg(args, kwargs, form.key_padding_mask))
+        self.attn_mask = _host(_arg(args, kwargs, form.attn_mask))
+        self.mask_3d_per_head = form.mask_3d_per_head
+        self.w_q = _rows(_host(form.w_q), form.q_rows)
+        self.w_k = _rows(_host(form.w_k), form.k_rows)
+        self.b_q = _rows(_host(form.b_q), form.b_q_rows)
+        self.b_k = _rows(_host(form.b_k), form.b_k_rows)
+        self.bias_k = _host(form.bias_k)
+        self.zero_attn = form.zero_attn
+        self.heads = form.heads
+        self.batch_first = form.batch_first
 
 
 def signals(snap: Snapshot) -> dict[str, float]:
@@ -123,7 +144,7 @@ def signals(snap: Snapshot) -> dict[str, float]:
     logits = (q @ k.swapaxes(-1, -2)) / math.sqrt(dim)  # (N, H, L, S)
     mask = _additive_mask(snap, batch, heads, length, logits.shape[-1], extra, batched)
     shown = logits + mask
-    open_ = np.isfinite(mask)
+    open_ = mask > CLOSED
     # like max_abs, a NaN is reported, never skipped
     bad = np.isnan(logits).any() or not open_.any()
     top = math.nan if bad else float(np.max(logits[open_]))
@@ -152,8 +173,9 @@ def _additive_mask(
         mask = _as_additive(snap.attn_mask)
         if extra:
             mask = np.concatenate([mask, np.zeros((*mask.shape[:-1], extra))], -1)
-        # (L, S) for every head, or (N * H, L, S)
-        out = out + (mask if mask.ndim == 2 else mask.reshape(batch, heads, length, src))
+        if mask.ndim == 3 and snap.mask_3d_per_head:  # (N * H, L, S)
+            mask = mask.reshape(batch, heads, length, src)
+        out = out + mask  # (L, S) for every head, or broadcast from 4-D
     if snap.key_padding_mask is not None:
         pad = _as_additive(snap.key_padding_mask)
         if not batched:
@@ -171,14 +193,16 @@ class AttentionHooks:
     def __init__(self) -> None:
         self.kept: dict[str, Snapshot] = {}  # tag prefix -> snapshot
 
-    def hook(self, prefix: str, count: Callable[[], None]) -> Callable[..., None]:
+    def hook(
+        self, prefix: str, form: AttentionForm, count: Callable[[], None]
+    ) -> Callable[..., None]:
         """A forward hook (``with_kwargs=True``) keeping ``prefix``'s snapshot."""
         kept = self.kept
 
         def attention_hook(cell, args, kwargs, output):
             count()
             if prefix not in kept:
-                kept[prefix] = Snapshot(cell, args, kwargs)
+                kept[prefix] = Snapshot(cell, args, kwargs, form)
 
         return attention_hook
 

@@ -49,7 +49,7 @@ from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.parts import Namer
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, values_for
-from msmon_nb.collect.tapguard import drop_compiled, run_unwrapped_on_failure
+from msmon_nb.collect.tapguard import TapSet, drop_compiled, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr, unscale_received
 from msmon_nb.config import suggest_tag
@@ -148,11 +148,17 @@ class MonitorCallback(Callback):
             self.monitor.warn_once,
             outputs=config.tracks("activations"),
             attention=config.tracks("attention"),
+            attention_targets=config.attention_targets,
         )
         self.acts = acts
         if graph_mode():
             kept = getattr(network, "_msmon_acts", None)
-            targets = config.module_targets
+            # the selection a kept graph was compiled with: what it taps
+            targets = (
+                config.module_targets,
+                config.tracks("activations"),
+                config.attention_targets if config.tracks("attention") else False,
+            )
             reuse = kept[1] if kept is not None and kept[0] == targets else None
             acts.compiled_root(network, reuse)
             if acts.graph is not None and reuse is None:
@@ -186,7 +192,7 @@ class MonitorCallback(Callback):
         acts = self.acts
         if acts is not None:
             mon.guard("arming the activations", acts.arm, self._collect)
-            if self._collect and acts.graph is None:  # PyNative: hooks on its modules
+            if self._collect and acts.graph is None and not acts.failed:  # PyNative: hooks
                 mon.guard("hooking the activations", acts.see, self.network)
         if self._collect:
             held = self._held_optimizers()
@@ -379,9 +385,15 @@ class MonitorCallback(Callback):
         if ms.get_context("mode") != ms.GRAPH_MODE:
             return
 
+        acts = self.acts
+        taps = TapSet(tap, acts.graph if acts is not None else None)
+
         def warn(message: str) -> None:
             self.tap = None
             network._msmon_taps = None
+            if acts is not None and acts.graph is not None:
+                acts.tap_failed()
+                network._msmon_acts = None
             mon.warn_once("tap failed", message)
 
         def compile_() -> Any:
@@ -389,7 +401,7 @@ class MonitorCallback(Callback):
                 return network.compile(*inputs)
 
         try:
-            run_unwrapped_on_failure(compile_, tap, [network], warn, "train cell")
+            run_unwrapped_on_failure(compile_, taps, [network], warn, "train cell")
         except Exception:  # the user's own: their Model.train meets it and raises it
             log.debug("msmon: the train cell did not compile", exc_info=True)
 

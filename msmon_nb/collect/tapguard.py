@@ -22,9 +22,27 @@ _OURS = str(Path(__file__).resolve().parent)
 TAP_FAILED = (
     "a grad_norm/lr tap of msmon_nb could not compile inside your {where} ({error}); it "
     "is switched off and your step compiled and ran without it: train/grad_norm and "
-    "train/learning_rate of compiled steps are not recorded from here on in this run (the "
-    "rest is). Please report this with the error"
+    "train/learning_rate (and act/..., attn/... where they were on) of compiled steps are "
+    "not recorded from here on in this run (the rest is). Please report this with the error"
 )
+
+
+class TapSet:
+    """The taps installed in one step's graphs (the optimizer taps, the activation and
+    attention classes), switched off together when one fails to compile: the retry must
+    compile none of ours."""
+
+    def __init__(self, *taps: Any) -> None:
+        self.taps = [t for t in taps if t is not None]
+
+    @property
+    def installed(self) -> bool:
+        return any(t.installed for t in self.taps)
+
+    def uninstall(self) -> None:
+        for tap in self.taps:
+            if tap.installed:
+                tap.uninstall()
 
 
 def failed_in_our_wrapper(exc: BaseException) -> bool:

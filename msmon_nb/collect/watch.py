@@ -53,7 +53,7 @@ from msmon_nb.collect.parts import Namer, Part, Parts, merge, user_namespaces
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.several import attribute, grouped, optimizers_held, read_lrs, values_for
-from msmon_nb.collect.tapguard import run_unwrapped_on_failure
+from msmon_nb.collect.tapguard import TapSet, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.torchstyle import TorchStyle, is_torch_optimizer, step_loss
 from msmon_nb.collect.torchstyle import imported as torch_imported  # (a dict lookup)
@@ -169,6 +169,7 @@ class Watch:
                 recorder.warn_once,
                 outputs=config.tracks("activations"),
                 attention=config.tracks("attention"),
+                attention_targets=config.attention_targets,
             )
 
     def _reset(self) -> None:
@@ -645,16 +646,19 @@ class Watch:
     def _graph_call(self, original: Any, obj: Any, args: tuple, kwargs: dict, where: str) -> Any:
         """The user's call, run once without our taps if it fails compiling one of them
         (``collect.tapguard``): that path is then not monitored, training goes on."""
-        tap = self.tap
-        if tap is None or not tap.installed:
+        acts = self.acts
+        taps = TapSet(self.tap, acts.graph if acts is not None else None)
+        if not taps.installed:
             return original(obj, *args, **kwargs)
 
         def warn(message: str) -> None:
             self.tap = None  # no tap again in this watch
+            if acts is not None and acts.graph is not None:
+                acts.tap_failed()
             self.monitor.warn_once("tap failed", message)
 
         return run_unwrapped_on_failure(
-            lambda: original(obj, *args, **kwargs), tap, [obj], warn, where
+            lambda: original(obj, *args, **kwargs), taps, [obj], warn, where
         )
 
     def _gate_loss(self) -> bool:

@@ -81,6 +81,10 @@ class MonitorConfig:
     # their paths; None: the leaf modules that hold parameters, at most
     # collect.activations.DEFAULT_MODULES of them, spread over the model's depth
     module_targets: list[str] | None = None
+    # modules whose attention signals ``attention`` records beside every
+    # nn.MultiheadAttention, by regex over their paths (collect.attnform: the shape they
+    # must have)
+    attention_targets: list[str] | None = None
     batch_size: int | None = None
     alerts: dict[str, Any] = field(default_factory=dict)
     snapshot: dict[str, Any] = field(default_factory=dict)
@@ -341,6 +345,18 @@ class MonitorConfig:
                 )
             for pattern in targets:
                 check_regex("module_targets", pattern, "['layers\\\\.0\\\\.', 'head']")
+        attn = self.attention_targets
+        if attn is not None:
+            if not isinstance(attn, list | tuple) or isinstance(attn, str) or not attn:
+                raise fail(
+                    "attention_targets",
+                    attn,
+                    "must be a non-empty list of regexes over module paths, or null (only "
+                    "nn.MultiheadAttention modules)",
+                    "['layers\\\\.\\\\d+\\\\.attention$']",
+                )
+            for pattern in attn:
+                check_regex("attention_targets", pattern, "['layers\\\\.\\\\d+\\\\.attention$']")
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
             raise fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")

@@ -8,11 +8,11 @@ Summary files hold float32 scalars: compared at rtol 1e-6. Training is bit-ident
 (weights and Adam's moments), and steps that are not collected run no hook of ours.
 A second check ties the recomputation to what MindSpore itself computes: its own
 softmax weights (float32) give the same entropy, for every mask and key layout.
+Compiled steps: test_attention_graph.
 """
 
 import math
 import re
-import warnings
 
 import mindspore as ms
 import numpy as np
@@ -160,29 +160,6 @@ def test_with_activations_too_and_output_logit_is_the_head_max_abs(tmp_path):
     assert len([t for t in run.tags() if t.startswith("attn/")]) == 4
     got = run.scalars("act/head/max_abs").values
     np.testing.assert_array_equal(got, np.float32(logits))
-
-
-def test_compiled_step_warns_once_and_trains(tmp_path):
-    cfg = dict(save_dir=str(tmp_path), log_interval=1,
-               track_metrics=[*CORE_METRICS, "attention"])  # fmt: skip
-    _, opt, grad_fn = build()
-
-    @ms.jit
-    def step(a, c):
-        loss, g = grad_fn(a, c)
-        opt(g)
-        return loss
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with Monitor(**cfg) as mon, mon.watch():
-            for a, c in batches():
-                step(a, c)
-    said = [str(w.message) for w in caught if "attn/" in str(w.message)]
-    assert len(said) == 1 and "PyNative steps only" in said[0]
-    run = load_run(mon.run_dir)
-    assert not [t for t in run.tags() if t.startswith("attn/")]
-    assert len(run.scalars("train/loss").values) == STEPS
 
 
 CASES = ["plain", "causal_bool", "key_padding", "bias_kv_zero_attn", "separate_kdim", "seq_first"]

@@ -50,6 +50,9 @@ BAD = [
     ("module_targets", {"module_targets": ["fc(["]}),
     ("module_targets", {"module_targets": "fc"}),
     ("module_targets", {"module_targets": []}),
+    ("attention_targets", {"attention_targets": ["attn(["]}),
+    ("attention_targets", {"attention_targets": "attn"}),
+    ("attention_targets", {"attention_targets": []}),
     ("alerts", {"alerts": ["explosion"]}),
     ("snapshot", {"snapshot": "alert"}),
     ("break_on", {"break_on": 5}),
@@ -77,6 +80,9 @@ def test_stat_kinds_and_module_targets_say_the_fix():
     )
     assert cfg.tracks("activations") and cfg.tracks("act_grad")
     assert MonitorConfig().param_stat_kinds == ["norm"] and MonitorConfig().module_targets is None
+    assert MonitorConfig(attention_targets=[r"\.attn$"]).attention_targets == [r"\.attn$"]
+    with pytest.raises(ConfigError, match=r"attention_targets.*list of regexes"):
+        MonitorConfig(attention_targets="attn")
 
 
 def test_at_least_thirty_bad_cases():

@@ -184,3 +184,20 @@ def test_model_train(mindformers, plain, tmp_path):
     assert not mon.alerts, [a.message for a in mon.alerts]
     assert_same_weights(net.trainable_params(), plain_net.trainable_params())
     assert_same_weights(list(optimizer.get_parameters()), list(plain_opt.get_parameters()))
+
+
+def test_attention_targets_refuse_its_rotary_attention_by_name(mindformers):
+    """``attention_targets`` naming MindFormers' ``LLamaAttention``: its logits are of
+    queries and keys after rotary position embeddings, which msmon cannot recompute from
+    its ``wq``/``wk`` projections; each named module is refused, saying why and what to do
+    (``collect.attnform``), and none is taken for attention it is not."""
+    from msmon_nb.collect.activations import module_paths
+    from msmon_nb.collect.attention import attention_modules
+
+    net, _, _ = build(mindformers)
+    found, problems = attention_modules(module_paths(net), [r"layers\.\d+\.attention$"])
+    assert found == [] and len(problems) == 2
+    for i, problem in enumerate(problems):
+        assert f"'model.layers.{i}.attention' (LLamaAttention)" in problem
+        assert "rotary position embeddings ('apply_rotary_emb')" in problem
+        assert "remove it from attention_targets" in problem
