@@ -83,8 +83,10 @@ class MonitorConfig:
     module_targets: list[str] | None = None
     # ``stable_rank`` (collect.stablerank): every how many collected steps the selected
     # weight matrices are read, and which (regexes over parameter names; None:
-    # param_targets). Counted in collected steps, so it is a share of collection's cost
-    stable_rank_every: int = 10
+    # param_targets). Counted in collected steps, so it is a share of collection's cost;
+    # 100 as MindFormers' step_interval: one read of every weight is a few training
+    # steps' worth of passes over them (bench/stablerank.py)
+    stable_rank_every: int = 100
     stable_rank_targets: list[str] | None = None
     batch_size: int | None = None
     alerts: dict[str, Any] = field(default_factory=dict)

@@ -87,7 +87,7 @@ def test_stat_kinds_and_module_targets_say_the_fix():
 
 def test_stable_rank_targets_default_to_param_targets():
     cfg = MonitorConfig(track_metrics=["loss", "stable_rank"], param_targets=["^fc"])
-    assert cfg.tracks("stable_rank") and cfg.stable_rank_every == 10
+    assert cfg.tracks("stable_rank") and cfg.stable_rank_every == 100
     assert cfg.stable_rank_selection == ["^fc"]
     assert cfg.replace(stable_rank_targets=["attn"]).stable_rank_selection == ["attn"]
 
