@@ -30,7 +30,8 @@ is not recorded inside graphs, nor in ``Model.train``'s callback: one warning sa
 
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
 attention modules of the same network on the same collected steps, and come off with
-these. ``outputs`` False (``attention`` without ``activations``) records only those.
+these; so does ``moe`` (``collect.moe``: the routers' gates). ``outputs`` False
+(``attention`` or ``moe`` without ``activations``) records only those.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ from typing import Any
 
 from msmon_nb.collect.attention import AttentionHooks, attention_modules
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
+from msmon_nb.collect.moe import RouterHooks, router_modules
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
 
 # the track_metrics that switch this recorder on
-INSIDE_METRICS = ("activations", "act_grad", "attention")
+INSIDE_METRICS = ("activations", "act_grad", "attention", "moe")
 # how many modules the default selection takes (module_targets unset)
 DEFAULT_MODULES = 16
 
@@ -203,12 +205,15 @@ class Activations:
         warn_once: Callable[[str, str], None],
         outputs: bool = True,
         attention: bool = False,
+        moe: bool = False,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
         self.outputs = outputs or grads  # act/... recorded (else only attn/...)
         self.attention: AttentionHooks | None = AttentionHooks() if attention else None
         self.attn_modules: list[tuple[str, Any]] = []
+        self.moe: RouterHooks | None = RouterHooks() if moe else None
+        self.routers: list[tuple[str, Any, int]] = []
         self.warn_once = warn_once
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
@@ -252,6 +257,15 @@ class Activations:
                         "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer "
                         "and DecoderLayer); no attn/... series are recorded",
                     )
+            if self.moe is not None:
+                self.routers = router_modules(module_paths(cell))
+                if not self.routers:
+                    self.warn_once(
+                        "moe none",
+                        f"moe: {type(cell).__name__} holds no router msmon recognises (a cell "
+                        "with an expert count and a top-k holding a Dense gate with one output "
+                        "per expert, as MindFormers' Router); no moe/... series are recorded",
+                    )
             if self.outputs and not self.modules:
                 self.warn_once(
                     "activations none",
@@ -272,6 +286,10 @@ class Activations:
             self.before.append((cell, *_hook_state(cell)))
             hook = self.attention.hook(f"attn/{param_tag(path)}", self._count)
             self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
+        for path, gate, k in self.routers if self.moe is not None else ():
+            self.before.append((gate, *_hook_state(gate)))
+            hook = self.moe.hook(param_tag(path), k, self._count)
+            self.handles.append(gate.register_forward_hook(hook))
 
     def _count(self) -> None:
         self.calls += 1
@@ -328,6 +346,13 @@ class Activations:
                 "step runs compiled (a @ms.jit step or a GRAPH_MODE train cell), so they "
                 "are not recorded for it; training goes on",
             )
+        if self.moe is not None:
+            self.warn_once(
+                "moe compiled",
+                "moe: router signals are recorded in PyNative steps only; this step runs "
+                "compiled (a @ms.jit step or a GRAPH_MODE train cell), so they are not "
+                "recorded for it; training goes on",
+            )
         if not self.outputs:
             return
         if reuse is not None:
@@ -374,6 +399,8 @@ class Activations:
         self.kept.clear()
         if self.attention is not None:
             out.update(self.attention.take())
+        if self.moe is not None:
+            out.update(self.moe.take())
         return out
 
     def compiled(self, where: str) -> None:

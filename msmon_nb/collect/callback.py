@@ -148,6 +148,7 @@ class MonitorCallback(Callback):
             self.monitor.warn_once,
             outputs=config.tracks("activations"),
             attention=config.tracks("attention"),
+            moe=config.tracks("moe"),
         )
         self.acts = acts
         if graph_mode():

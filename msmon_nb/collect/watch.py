@@ -168,6 +168,7 @@ class Watch:
                 recorder.warn_once,
                 outputs=config.tracks("activations"),
                 attention=config.tracks("attention"),
+                moe=config.tracks("moe"),
             )
 
     def _reset(self) -> None:
