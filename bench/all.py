@@ -67,6 +67,7 @@ BENCHES = (
     Bench("msprobe_cost", (), ("--steps", "3", "--rounds", "1")),
     Bench("scale", ("--repeats", "5"), ("--repeats", "1", "--sizes", "1M")),
     Bench("optstate", (), ("--size", "1M", "--repeats", "1")),
+    Bench("stablerank", (), ("--size", "1M", "--rounds", "1", "--steps", "12")),
     Bench("trainers", (), ("--steps", "1", "--rounds", "1", "--arms", "plain,every,ring,off")),
     Bench("relay", (), ("--series", "3", "--steps", "20000")),
     # 200 k points: long enough (~2 s) that the page samples the cell while it runs, also

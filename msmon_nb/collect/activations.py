@@ -32,7 +32,8 @@ is not recorded inside graphs, nor in ``Model.train``'s callback: one warning sa
 attention modules of the same network (``collect.attnform``: every
 ``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
 steps, and come off with these; in compiled steps their signals are compiled in beside
-the activations' (``collect.attntaps``, the same flag). ``outputs`` False (``attention``
+the activations' (``collect.attntaps``, the same flag). So does ``moe`` (``collect.moe``:
+the routers' gates), in PyNative steps only. ``outputs`` False (``attention`` or ``moe``
 without ``activations``) records only those.
 """
 
@@ -44,12 +45,13 @@ from typing import Any
 
 from msmon_nb.collect.attention import AttentionHooks, attention_modules
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
+from msmon_nb.collect.moe import RouterHooks, router_modules
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
 
 # the track_metrics that switch this recorder on
-INSIDE_METRICS = ("activations", "act_grad", "attention")
+INSIDE_METRICS = ("activations", "act_grad", "attention", "moe")
 # how many modules the default selection takes (module_targets unset)
 DEFAULT_MODULES = 16
 
@@ -207,6 +209,7 @@ class Activations:
         outputs: bool = True,
         attention: bool = False,
         attention_targets: Sequence[str] | None = None,
+        moe: bool = False,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
@@ -214,6 +217,8 @@ class Activations:
         self.attention: AttentionHooks | None = AttentionHooks() if attention else None
         self.attention_targets = list(attention_targets or ())
         self.attn_modules: list[tuple[str, Any, Any]] = []  # (path, cell, attnform form)
+        self.moe: RouterHooks | None = RouterHooks() if moe else None
+        self.routers: list[tuple[str, Any, int]] = []
         self.warn_once = warn_once
         self.root: Any = None
         self.modules: list[tuple[str, Any]] = []
@@ -251,6 +256,15 @@ class Activations:
             self.modules = select_modules(cell, self.targets) if self.outputs else []
             if self.attention is not None:
                 self.attn_modules = self._attention_modules(cell)
+            if self.moe is not None:
+                self.routers = router_modules(module_paths(cell))
+                if not self.routers:
+                    self.warn_once(
+                        "moe none",
+                        f"moe: {type(cell).__name__} holds no router msmon recognises (a cell "
+                        "with an expert count and a top-k holding a Dense gate with one output "
+                        "per expert, as MindFormers' Router); no moe/... series are recorded",
+                    )
             if self.outputs and not self.modules:
                 self.warn_once(
                     "activations none",
@@ -271,6 +285,10 @@ class Activations:
             self.before.append((cell, *_hook_state(cell)))
             hook = self.attention.hook(f"attn/{param_tag(path)}", form, self._count)
             self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
+        for path, gate, k in self.routers if self.moe is not None else ():
+            self.before.append((gate, *_hook_state(gate)))
+            hook = self.moe.hook(param_tag(path), k, self._count)
+            self.handles.append(gate.register_forward_hook(hook))
 
     def _count(self) -> None:
         self.calls += 1
@@ -325,6 +343,14 @@ class Activations:
         earlier ``Model.train`` call's), whose classes go on again."""
         self.wants_root = False
         if self.graph is not None or root is None or self.failed:
+            return
+        if self.moe is not None:
+            self.warn_once(
+                "moe compiled",
+                "moe: router signals are recorded in PyNative steps only; this step runs "
+                "compiled (a @ms.jit step or a GRAPH_MODE train cell), so they are not "
+                "recorded for it; training goes on",
+            )
             return
         if reuse is not None:
             self.graph = reuse
@@ -388,6 +414,8 @@ class Activations:
         self.kept.clear()
         if self.attention is not None:
             out.update(self.attention.take())
+        if self.moe is not None:
+            out.update(self.moe.take())
         return out
 
     def compiled(self, where: str) -> None:

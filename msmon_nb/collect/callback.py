@@ -149,6 +149,7 @@ class MonitorCallback(Callback):
             outputs=config.tracks("activations"),
             attention=config.tracks("attention"),
             attention_targets=config.attention_targets,
+            moe=config.tracks("moe"),
         )
         self.acts = acts
         if graph_mode():
@@ -243,12 +244,14 @@ class MonitorCallback(Callback):
         if collect and self.acts is not None:
             got = mon.guard("reading the activations", self.acts.take, self.acts.graph is not None)
             extra = {**(extra or {}), **(got or {})}
-        # the parameters (references, no copy): param_stats reads them, and blame's
-        # detail after an alert reads their weights
+        # the parameters (references, no copy): param_stats and stable_rank read them,
+        # and blame's detail after an alert reads their weights
         wants_params = (
             collect
             and self.optimizer is not None
-            and (self._blame or mon.config.tracks("param_stats"))
+            and (
+                self._blame or mon.config.tracks("param_stats") or mon.config.tracks("stable_rank")
+            )
         )
         inputs = StepInputs(
             loss=loss,

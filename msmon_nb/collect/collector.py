@@ -10,7 +10,8 @@ it on. What is gathered here, all of it read only on collected steps:
   out by ``late()`` for the step it belongs to, so the read never stalls a step;
 - step time and throughput since the previous collected step, and where that time went
   (waiting for data, or computing) when the way in knows;
-- the optimizer's moment norms (``collect.optstate``) and the all-reduce wait
+- the optimizer's moment norms (``collect.optstate``), the selected weights' stable
+  ranks every few collected steps (``collect.stablerank``) and the all-reduce wait
   (``collect.comm``, in a distributed job);
 - each parameter's gradient norm (``param_norms``, for ``diagnose.blame``): taken from
   the squares the host path sums for grad_norm anyway, or as a graph tap measured them;
@@ -33,6 +34,7 @@ from msmon_nb.collect.devnorm import DeferredNorm
 from msmon_nb.collect.guard import Guard
 from msmon_nb.collect.optstate import OptimizerState, missing_optimizer_message
 from msmon_nb.collect.recorder import StepInputs
+from msmon_nb.collect.stablerank import StableRanks
 from msmon_nb.collect.tensors import flatten_tensors, to_float, to_numpy
 from msmon_nb.collect.values import TAGS, norm_on_device, param_names, step_values
 from msmon_nb.config import COMPUTE_TAG, DATA_TAG, MonitorConfig
@@ -68,6 +70,7 @@ class StepCollector:
         self._guard = guard
         self._late = DeferredNorm()
         self._optstate: OptimizerState | None = None  # made at first use
+        self.stable_ranks: StableRanks | None = None  # made at first use
         self._t_mark: float | None = None  # when the steps since the last collected began
         self._steps = 0  # since the last collected step
         self._samples = 0
@@ -158,6 +161,8 @@ class StepCollector:
             self._graph_kinds()
         if self.config.tracks("optimizer_state"):
             values.update(self._optimizer_state(inputs.optimizer))
+        if self.config.tracks("stable_rank"):
+            values.update(self._stable_rank(inputs.params))
         if inputs.extra:
             values.update({tag: float(v) for tag, v in inputs.extra.items()})
         return values
@@ -241,6 +246,18 @@ class StepCollector:
                 "gradient's norm is (param/<name>/grad_norm). Weights and optimizer moments "
                 "get every kind",
             )
+
+    def _stable_rank(self, params: list | None) -> dict[str, float]:
+        """``param/<name>/stable_rank`` and ``sigma_max`` on every
+        ``stable_rank_every``-th collected step (``collect.stablerank``)."""
+        if self.stable_ranks is None:
+            config = self.config
+            self.stable_ranks = StableRanks(
+                config.stable_rank_selection, config.stable_rank_every, self._guard.warn_once
+            )
+        if not self.stable_ranks.due():
+            return {}
+        return self._guard("measuring stable ranks", self.stable_ranks.read, params) or {}
 
     def _optimizer_state(self, optimizer: Any) -> dict[str, float]:
         """``param/<name>/<moment>_norm`` of a collected step (``collect.optstate``)."""

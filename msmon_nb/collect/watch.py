@@ -170,6 +170,7 @@ class Watch:
                 outputs=config.tracks("activations"),
                 attention=config.tracks("attention"),
                 attention_targets=config.attention_targets,
+                moe=config.tracks("moe"),
             )
 
     def _reset(self) -> None:
@@ -997,8 +998,10 @@ class Watch:
                 global_step = None if global_step is None else global_step - 1
             if opt_ran and not self._norm_seen and self._wants("grad_norm"):
                 rec.warn_once("grad_norm", f"grad_norm is not observed: {self._why()}; {FIX}")
-            # a graph step's optimizer too, for blame's detail after an alert
-            owner = self.opt if self.opt is not None or not self._blame else self._step_optimizer()
+            # a graph step's optimizer too, for blame's detail after an alert and the
+            # weights stable_rank reads
+            needs = self._blame or self._wants("stable_rank")
+            owner = self.opt if self.opt is not None or not needs else self._step_optimizer()
             params = list(getattr(owner, "parameters", ())) if owner is not None else None
             loss = self.raw_loss if self.raw_loss is not None else self.loss
             if self.update is not None and self.losses:  # the micro-batches it applies

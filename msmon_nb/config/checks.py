@@ -20,6 +20,8 @@ OPTIONAL_METRICS = (
     "activations",
     "act_grad",
     "attention",
+    "stable_rank",
+    "moe",
 )
 # where a step's time went (recorded by collect, judged by diagnose's data_bound rule)
 DATA_TAG = "train/data_time"

@@ -85,6 +85,13 @@ class MonitorConfig:
     # nn.MultiheadAttention, by regex over their paths (collect.attnform: the shape they
     # must have)
     attention_targets: list[str] | None = None
+    # ``stable_rank`` (collect.stablerank): every how many collected steps the selected
+    # weight matrices are read, and which (regexes over parameter names; None:
+    # param_targets). Counted in collected steps, so it is a share of collection's cost;
+    # 100 as MindFormers' step_interval: one read of every weight is a few training
+    # steps' worth of passes over them (bench/stablerank.py)
+    stable_rank_every: int = 100
+    stable_rank_targets: list[str] | None = None
     batch_size: int | None = None
     alerts: dict[str, Any] = field(default_factory=dict)
     snapshot: dict[str, Any] = field(default_factory=dict)
@@ -357,6 +364,7 @@ class MonitorConfig:
                 )
             for pattern in attn:
                 check_regex("attention_targets", pattern, "['layers\\\\.\\\\d+\\\\.attention$']")
+        self._check_stable_rank()
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
             raise fail("batch_size", bs, "must be a whole number >= 1 or null", "batch_size: 64")
@@ -405,6 +413,34 @@ class MonitorConfig:
         self._check_snapshot()
         if self.alerts:
             resolve_settings(self.alerts)
+
+    def _check_stable_rank(self) -> None:
+        every = self.stable_rank_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise fail(
+                "stable_rank_every",
+                every,
+                "must be a whole number of collected steps >= 1",
+                "stable_rank_every: 10",
+            )
+        targets = self.stable_rank_targets
+        if targets is None:
+            return
+        if not isinstance(targets, list | tuple) or isinstance(targets, str) or not targets:
+            raise fail(
+                "stable_rank_targets",
+                targets,
+                "must be a non-empty list of regexes over parameter names, or null (param_targets)",
+                "['attention', 'mlp']",
+            )
+        for pattern in targets:
+            check_regex("stable_rank_targets", pattern, "['attention', 'mlp']")
+
+    @property
+    def stable_rank_selection(self) -> list[str]:
+        """The regexes that select stable rank's matrices (its own, else param_targets)."""
+        targets = self.stable_rank_targets
+        return list(targets) if targets is not None else list(self.param_targets)
 
     def _check_snapshot(self) -> None:
         snap = self.snapshot

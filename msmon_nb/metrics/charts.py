@@ -53,15 +53,18 @@ MAX_RANK_LINES = 8  # beyond that, a distributed run is drawn as its band only
 # counters: shown as numbers elsewhere, a diagonal line as a chart
 _NOT_CHARTED = frozenset({"train/global_step", "train/epoch"})
 # prefixes in chart order after the core charts; any other prefix follows, alphabetical
-_GROUP_ORDER = ("train", "opt", "val", "param", "act", "act_grad", "attn", "sys", "msprobe")
+_GROUP_ORDER = (
+    "train", "opt", "val", "param", "act", "act_grad", "attn", "moe", "moe_load", "sys", "msprobe",
+)  # fmt: skip
 # per-parameter (per-attention-module) groups drawn as one chart per statistic, a line
 # per parameter (module)
-_PER_STAT = ("param/", "attn/")
+_PER_STAT = ("param/", "attn/", "moe/")
 # per-module groups drawn as one heatmap each: module x step, one statistic at a time
-HEATMAP_PREFIXES = ("act/", "act_grad/")
+HEATMAP_PREFIXES = ("act/", "act_grad/", "moe_load/")
 HEATMAP_TITLES = {
     "act/": "activations (module x step)",
     "act_grad/": "activation gradients (module x step)",
+    "moe_load/": "tokens per expert (router.expert x step)",
 }
 # a heatmap's statistics in this order (``metrics.extent.ACT_STATS``, which needs numpy:
 # a test keeps the two equal), any other after them, alphabetical

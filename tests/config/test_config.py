@@ -53,6 +53,12 @@ BAD = [
     ("attention_targets", {"attention_targets": ["attn(["]}),
     ("attention_targets", {"attention_targets": "attn"}),
     ("attention_targets", {"attention_targets": []}),
+    ("stable_rank_every", {"stable_rank_every": 0}),
+    ("stable_rank_every", {"stable_rank_every": True}),
+    ("stable_rank_every", {"stable_rank_every": 2.0}),
+    ("stable_rank_targets", {"stable_rank_targets": "fc"}),
+    ("stable_rank_targets", {"stable_rank_targets": []}),
+    ("stable_rank_targets", {"stable_rank_targets": ["fc(["]}),
     ("alerts", {"alerts": ["explosion"]}),
     ("snapshot", {"snapshot": "alert"}),
     ("break_on", {"break_on": 5}),
@@ -83,6 +89,13 @@ def test_stat_kinds_and_module_targets_say_the_fix():
     assert MonitorConfig(attention_targets=[r"\.attn$"]).attention_targets == [r"\.attn$"]
     with pytest.raises(ConfigError, match=r"attention_targets.*list of regexes"):
         MonitorConfig(attention_targets="attn")
+
+
+def test_stable_rank_targets_default_to_param_targets():
+    cfg = MonitorConfig(track_metrics=["loss", "stable_rank"], param_targets=["^fc"])
+    assert cfg.tracks("stable_rank") and cfg.stable_rank_every == 100
+    assert cfg.stable_rank_selection == ["^fc"]
+    assert cfg.replace(stable_rank_targets=["attn"]).stable_rank_selection == ["attn"]
 
 
 def test_at_least_thirty_bad_cases():

@@ -139,6 +139,15 @@ MAPPED = {
     "local_loss_format": (["log", "tensorboard"], lambda c: "loss" in c.track_metrics),
     "device_local_loss_format": ("log", lambda c: "loss" in c.track_metrics),
     "throughput_baseline": (1200.5, lambda c: c.throughput_baseline == 1200.5),
+    # collect/stablerank.py: every 100 steps at log_interval 1, its own targets
+    "stable_rank_config": (
+        {"format": ["log"], "step_interval": 100, "target": ["attention"]},
+        lambda c: (
+            "stable_rank" in c.track_metrics
+            and c.stable_rank_every == 100
+            and c.stable_rank_targets == ["attention"]
+        ),
+    ),
     "check_for_global_norm": (
         True,
         lambda c: c.alerts == {"grad_explosion": {"ceiling": 3.0}},  # MindFormers' default
@@ -156,7 +165,6 @@ IGNORED = {
     "local_norm_format": "log",
     "max_attention_logit_format": "tensorboard",
     "print_struct": True,
-    "stable_rank_config": {"format": ["log"], "step_interval": 100},
     "health_checkpoint": {"embedding_local_norm_threshold": 1.0},
 }
 
@@ -207,6 +215,42 @@ def test_skip_maps_threshold_and_count():
                 "alerts": {"max_skips_in_a_row": 3},
             }
         )
+
+
+def test_stable_rank_config_interval_targets_and_aggregation():
+    """step_interval is steps, stable_rank_every collected steps: divided by the
+    interval, rounded up; a null target selects every parameter (MindFormers' default,
+    whatever the monitor's target); do_aggregation (merged shards) is named as not done;
+    a null format asks for nothing."""
+    config, caught = load(
+        {
+            "monitor_config": {
+                "step_interval": 8,
+                "target": ["layers.0"],
+                "stable_rank_config": {"format": "log", "step_interval": 20, "target": None},
+            }
+        }
+    )
+    assert caught == []
+    assert config.stable_rank_every == 3 and config.stable_rank_targets == [".*"]
+    assert config.param_targets == ["layers.0"]
+    config, caught = load(
+        {"monitor_config": {"stable_rank_config": {"format": "log", "do_aggregation": True}}}
+    )
+    assert "stable_rank" in config.track_metrics
+    assert len(caught) == 1
+    assert named(str(caught[0].message), "stable_rank_config.do_aggregation") == 1
+    config, caught = load({"monitor_config": {"stable_rank_config": {"format": None}}})
+    assert "stable_rank" not in config.track_metrics and caught == []
+    for bad, text in (
+        ({"step_interval": 0}, "step_interval=0"),
+        ({"power_iteration_num": 2.5}, "power_iteration_num=2.5"),
+        ({"target": "attention"}, "target='attention'"),
+        ({"target": ["(["]}, "target='(['"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(text)) as info:
+            MonitorConfig.from_dict({"monitor_config": {"stable_rank_config": bad}})
+        assert "for example" in str(info.value)
 
 
 def test_every_key_at_once_one_warning_listing_all_unsupported():

@@ -696,13 +696,14 @@ def _monitored(save_dir, case: Case, arm: Arm) -> Iterator[Any]:
     arm.alerts = list(mon.alerts)
 
 
-# what an ``inside`` case's monitor records beside the defaults (issue 45)
+# what an ``inside`` case's monitor records beside the defaults (issue 45; stable_rank too)
 INSIDE = {
     "track_metrics": [
         *("loss", "grad_norm", "learning_rate", "throughput", "step_time", "global_step"),
-        *("param_stats", "optimizer_state", "activations", "act_grad"),
+        *("param_stats", "optimizer_state", "activations", "act_grad", "stable_rank"),
     ],
     "param_stat_kinds": ["norm", "max_abs", "nonfinite", "zero_frac"],
+    "stable_rank_every": 1,  # the weights read on every collected step
 }
 
 
