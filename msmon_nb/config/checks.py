@@ -89,5 +89,22 @@ def check_regex(
         raise fail(name, pattern, f"is not a valid regex ({exc})", example) from exc
 
 
+def check_regexes(name: str, value: Any, over: str, default: str, example: str) -> None:
+    """``value`` is null or a non-empty list of valid regexes (``module_targets``,
+    ``attention_targets``, ``stable_rank_targets``...); else ``fail(...)`` names ``name``,
+    what its regexes are searched in (``over``) and what null means (``default``)."""
+    if value is None:
+        return
+    if not isinstance(value, list | tuple) or isinstance(value, str) or not value:
+        raise fail(
+            name,
+            value,
+            f"must be a non-empty list of regexes over {over}, or null ({default})",
+            example,
+        )
+    for pattern in value:
+        check_regex(name, pattern, example)
+
+
 class MonitorWarning(UserWarning):
     """Something in monitoring failed; training continues without it."""

@@ -31,6 +31,7 @@ from msmon_nb.config.checks import (
     ConfigError,
     MonitorWarning,
     check_regex,
+    check_regexes,
     check_tag,
     fail,
 )
@@ -340,30 +341,20 @@ class MonitorConfig:
                 )
         if len(set(kinds)) != len(kinds):
             raise fail("param_stat_kinds", kinds, "lists a statistic twice", "['norm', 'max_abs']")
-        targets = self.module_targets
-        if targets is not None:
-            if not isinstance(targets, list | tuple) or isinstance(targets, str) or not targets:
-                raise fail(
-                    "module_targets",
-                    targets,
-                    "must be a non-empty list of regexes over module paths, or null (the "
-                    "leaf modules holding parameters)",
-                    "['layers\\\\.0\\\\.', 'head']",
-                )
-            for pattern in targets:
-                check_regex("module_targets", pattern, "['layers\\\\.0\\\\.', 'head']")
-        attn = self.attention_targets
-        if attn is not None:
-            if not isinstance(attn, list | tuple) or isinstance(attn, str) or not attn:
-                raise fail(
-                    "attention_targets",
-                    attn,
-                    "must be a non-empty list of regexes over module paths, or null (only "
-                    "nn.MultiheadAttention modules)",
-                    "['layers\\\\.\\\\d+\\\\.attention$']",
-                )
-            for pattern in attn:
-                check_regex("attention_targets", pattern, "['layers\\\\.\\\\d+\\\\.attention$']")
+        check_regexes(
+            "module_targets",
+            self.module_targets,
+            "module paths",
+            "the leaf modules holding parameters",
+            "['layers\\\\.0\\\\.', 'head']",
+        )
+        check_regexes(
+            "attention_targets",
+            self.attention_targets,
+            "module paths",
+            "only nn.MultiheadAttention modules",
+            "['layers\\\\.\\\\d+\\\\.attention$']",
+        )
         self._check_stable_rank()
         bs = self.batch_size
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0):
@@ -423,18 +414,13 @@ class MonitorConfig:
                 "must be a whole number of collected steps >= 1",
                 "stable_rank_every: 10",
             )
-        targets = self.stable_rank_targets
-        if targets is None:
-            return
-        if not isinstance(targets, list | tuple) or isinstance(targets, str) or not targets:
-            raise fail(
-                "stable_rank_targets",
-                targets,
-                "must be a non-empty list of regexes over parameter names, or null (param_targets)",
-                "['attention', 'mlp']",
-            )
-        for pattern in targets:
-            check_regex("stable_rank_targets", pattern, "['attention', 'mlp']")
+        check_regexes(
+            "stable_rank_targets",
+            self.stable_rank_targets,
+            "parameter names",
+            "param_targets",
+            "['attention', 'mlp']",
+        )
 
     @property
     def stable_rank_selection(self) -> list[str]:
