@@ -4,10 +4,13 @@ gradient, summarised every collected step as ``act/<module>/<stat>`` and
 
 ``track_metrics: [..., activations]`` switches it on, ``act_grad`` adds the gradient of
 each output (what flows back into the module). ``module_targets`` (regexes searched in a
-module's path) chooses the modules; without it, the leaf modules that hold parameters
-(``Dense``, ``Conv2d``, ``LayerNorm``, ``Embedding``...), at most ``DEFAULT_MODULES`` of
-them spread evenly from the first to the last: a 100-layer model gets 16 series per
-statistic, not 400, and a user who wants one block names it.
+module's path) chooses the modules; without it, the modules that hold parameters while
+none of their sub-cells does -- the leaves of the parameter tree: ``Dense``, ``Conv2d``,
+``LayerNorm``, ``Embedding``..., and a ``Dense(..., activation="relu")``, whose parameterless
+ReLU sub-cell runs inside it, so its output is taken after the activation, where a dying
+layer's zeros show -- at most ``DEFAULT_MODULES`` of them spread evenly from the first to
+the last: a 100-layer model gets 16 series per statistic, not 400, and a user who wants
+one block names it.
 
 A module's path is the prefix its parameters are named by (``fc1`` for ``fc1.weight``),
 so that ``act/fc1/...`` sits beside ``param/fc1.weight/...``; a module without
@@ -88,6 +91,12 @@ def _own_params(cell: Any) -> list[str]:
     return [str(getattr(p, "name", key)) for key, p in held.items() if p is not None]
 
 
+def _leaf(cell: Any) -> bool:
+    """Whether no sub-cell of ``cell``, at any depth, holds parameters of its own (an
+    activation cell inside a ``Dense`` holds none)."""
+    return not any(_own_params(sub) for _, sub in cell.cells_and_names() if sub is not cell)
+
+
 def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, Any]]:
     """The modules ``targets`` selects under ``root`` (``module_targets``), each once,
     in the tree's order; None: the default (the module docstring)."""
@@ -95,11 +104,7 @@ def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, 
     seen: set[int] = set()
     chosen = []
     if targets is None:
-        leaves = [
-            (path, cell)
-            for path, cell in paths
-            if _own_params(cell) and not any(True for _ in cell.cells())
-        ]
+        leaves = [(path, cell) for path, cell in paths if _own_params(cell) and _leaf(cell)]
         if len(leaves) > DEFAULT_MODULES:
             last = len(leaves) - 1
             spread = range(DEFAULT_MODULES)

@@ -79,7 +79,8 @@ class MonitorConfig:
     # L2 norm alone by default, so that nothing costs more unless asked
     param_stat_kinds: list[str] = field(default_factory=lambda: ["norm"])
     # the modules whose outputs ``activations`` (and ``act_grad``) record, by regex over
-    # their paths; None: the leaf modules that hold parameters, at most
+    # their paths; None: the leaves of the parameter tree (modules holding parameters
+    # while none of their sub-cells does), at most
     # collect.activations.DEFAULT_MODULES of them, spread over the model's depth
     module_targets: list[str] | None = None
     # modules whose attention signals ``attention`` records beside every
@@ -345,7 +346,7 @@ class MonitorConfig:
             "module_targets",
             self.module_targets,
             "module paths",
-            "the leaf modules holding parameters",
+            "the modules holding parameters while none of their sub-cells does",
             "['layers\\\\.0\\\\.', 'head']",
         )
         check_regexes(

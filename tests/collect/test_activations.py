@@ -172,6 +172,27 @@ def test_default_selection_spreads_over_a_deep_model():
     assert [p for p, _ in picked] == ["1", "3"]  # two ReLUs, by their place in the tree
 
 
+def test_a_dense_with_its_activation_is_taken_by_default_after_its_relu(tmp_path):
+    """``nn.Dense(..., activation="relu")`` keeps its ReLU as a sub-cell without
+    parameters: the default selection takes the Dense (its output is after the ReLU,
+    where a dying layer's zeros show), not only cells without sub-cells."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(8, 16, activation="relu"), nn.Dense(16, 3)])
+    assert [p for p, _ in select_modules(net, None)] == ["0", "1"]
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = ms.value_and_grad(nn.WithLossCell(net, tiny.loss_fn()), None, opt.parameters)
+    x, y = tiny.data()
+    metrics = [*CORE_METRICS, "activations"]
+    with Monitor(save_dir=str(tmp_path), track_metrics=metrics) as mon, mon.watch():
+        for a, b in tiny.batches(x, y, steps=4):
+            _, grads = grad_fn(a, b)
+            opt(grads)
+    run = load_run(mon.run_dir)
+    assert run.scalars("act/0/zero_frac").values.min() > 0  # after its ReLU: zeros
+    assert run.scalars("act/1/zero_frac").values.max() == 0  # logits: none
+
+
 def forward_reference(net, a):
     """{act/<name>: float64 output} of the twin's modules on batch ``a``: a PyNative
     forward pass with hooks that only copy (the twin's weights before its step, as the
