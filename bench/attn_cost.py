@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +32,7 @@ import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 
+from bench.overhead import print_vs_core, rotated_model_blocks  # noqa: E402
 from msmon_nb.monitor import Monitor  # noqa: E402
 
 SEQ, WIDTH, HEADS, BATCH = 32, 64, 4, 16
@@ -90,34 +90,14 @@ def main() -> None:
             data = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
             model = Model(net, loss_fn=loss_fn, optimizer=opt)
             blocks[name].append((model, data, mon.callback() if mon else None))
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    order = list(arms)
-    for r in range(args.rounds + 1):  # round 0 compiles
-        shift = r % len(order)
-        for name in order[shift:] + order[:shift]:
-            total = 0.0
-            for model, data, cb in blocks[name]:
-                t0 = time.perf_counter()
-                model.train(1, data, callbacks=[cb] if cb else None, dataset_sink_mode=False)
-                total += time.perf_counter() - t0
-            if r:
-                times[name].append(total / len(blocks[name]))
+    times = rotated_model_blocks(blocks, args.rounds)
     for mon in mons:
         mon.close()
-    plain = statistics.median(times["plain"])
     print(
         f"attention in Model.train (GRAPH_MODE, Adam, 2 encoder layers), {args.train_steps}-step "
         f"epochs x {args.rounds} rounds x {args.instances} models a variant:"
     )
-    print(f"  plain: {plain / args.train_steps * 1e3:.2f} ms/step")
-    for name in order[1:]:
-        vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
-        line = f"  {name:26s} / plain {spread(vs_plain)}"
-        if name != "core, every 10th":
-            core = times["core, every 10th"]
-            vs_core = [t / c for t, c in zip(times[name], core, strict=True)]
-            line += f"; / core every 10th {spread(vs_core)}"
-        print(line)
+    print_vs_core(times, args.train_steps, spread, 26)
 
 
 if __name__ == "__main__":

@@ -379,8 +379,25 @@ def activations_model(train_steps: int, rounds: int, base: str, instances: int) 
             dataset = mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(64)
             model = Model(net, loss_fn=loss_fn, optimizer=opt)
             blocks[name].append((model, dataset, mon.callback() if mon else None))
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    order = list(arms)
+    times = rotated_model_blocks(blocks, rounds)
+    for mon in mons:
+        mon.close()
+    print(
+        f"activations in Model.train (GRAPH_MODE, Adam), {train_steps}-step epochs x {rounds} "
+        f"rounds x {instances} models a variant:"
+    )
+    print_vs_core(times, train_steps, _spread, 28)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def rotated_model_blocks(
+    blocks: dict[str, list[tuple[Model, mds.Dataset, Any]]], rounds: int
+) -> dict[str, list[float]]:
+    """Each arm's block time per round (one ``Model.train`` epoch of each of its models,
+    their mean), arms in ``blocks``' order rotated each round; round 0 compiles and is
+    not kept. A model's callback, where it has one, is its monitor's."""
+    times: dict[str, list[float]] = {name: [] for name in blocks}
+    order = list(blocks)
     for r in range(rounds + 1):  # round 0 compiles
         shift = r % len(order)
         for name in order[shift:] + order[:shift]:
@@ -391,23 +408,28 @@ def activations_model(train_steps: int, rounds: int, base: str, instances: int) 
                 total += time.perf_counter() - t0
             if r:
                 times[name].append(total / len(blocks[name]))
-    for mon in mons:
-        mon.close()
+    return times
+
+
+def print_vs_core(
+    times: dict[str, list[float]],
+    train_steps: int,
+    spread: Callable[[list[float]], str],
+    width: int,
+) -> None:
+    """The plain step, then each other arm's per-round ratio to plain and to the arm
+    ``core, every 10th`` (the monitor without the part measured), as ``spread`` writes a
+    ratio list."""
+    core = "core, every 10th"
     plain = statistics.median(times["plain"])
-    print(
-        f"activations in Model.train (GRAPH_MODE, Adam), {train_steps}-step epochs x {rounds} "
-        f"rounds x {instances} models a variant:"
-    )
     print(f"  plain: {plain / train_steps * 1e3:.2f} ms/step")
-    for name in order[1:]:
+    for name in list(times)[1:]:
         vs_plain = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
-        line = f"  {name:28s} / plain {_spread(vs_plain)}"
-        if name != "core, every 10th":
-            core10 = times["core, every 10th"]
-            ratios = [t / c for t, c in zip(times[name], core10, strict=True)]
-            line += f"; / core every 10th {_spread(ratios)}"
+        line = f"  {name:{width}s} / plain {spread(vs_plain)}"
+        if name != core:
+            vs_core = [t / c for t, c in zip(times[name], times[core], strict=True)]
+            line += f"; / core every 10th {spread(vs_core)}"
         print(line)
-    ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 class _Own:
