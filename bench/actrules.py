@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -39,12 +38,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.actrules_runs import Spec, specs, train, tuning_specs  # noqa: E402
+
+# the same divergence test and cells as the attention bench's table
+from bench.attn import _at, _n, diverged  # noqa: E402
 from bench.detect_data import pack, unpack  # noqa: E402
 
 FROZEN = ROOT / "bench" / "data" / "actrules_curves.json.gz"
 TUNING = ROOT / "bench" / "data" / "actrules_tuning.json.gz"
 FORMAT = 1
-DIVERGED = 3.0  # loss above this many times its best so far: diverged
 STATS = ("norm", "max_abs", "mean", "nonfinite", "zero_frac")
 # failure kind -> the alert kind made for it
 EXPECT = {
@@ -86,17 +87,6 @@ def thaw(path: Path) -> list[tuple[Spec, dict]]:
         rec["act"] = {s: [unpack(v, "<f4") for v in row["act"][s]] for s in STATS}
         out.append((Spec(**row["spec"]), rec))
     return out
-
-
-def diverged(loss: list[float]) -> int | None:
-    """The first step whose loss is not finite, or above ``DIVERGED`` x its best so far
-    and back above half its first value (near 0 a noisy batch is 3x the best)."""
-    best = math.inf
-    for step, value in enumerate(loss):
-        if not math.isfinite(value) or value > max(DIVERGED * best, 0.5 * loss[0]):
-            return step
-        best = min(best, value)
-    return None
 
 
 def values_at(rec: dict, step: int) -> dict[str, float]:
@@ -181,14 +171,6 @@ def score(runs: list[tuple[Spec, dict]]) -> tuple[list[str], dict]:
             f"{named:14}  {theirs.kind if theirs else ''}{stray}"
         )
     return lines, {**totals, "kinds": kinds}
-
-
-def _at(alert) -> str:
-    return "-" if alert is None else str(alert.step)
-
-
-def _n(step: int | None) -> str:
-    return "-" if step is None else str(step)
 
 
 def main(argv: list[str] | None = None) -> int:
