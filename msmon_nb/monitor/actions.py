@@ -253,11 +253,8 @@ class Actions:
         judge = None
         if collector.param_norms is not None:
             at, names, norms = collector.param_norms
-            ratios = None
-            if layers.ratios is not None:  # read from the Parameters: now
-                ratios = self.monitor.guard(
-                    "measuring update ratios", layers.ratios.measure, names, collector.last_params
-                )
+            params = collector.last_params  # the update ratios are read from them now
+            ratios = self.monitor.guard("measuring update ratios", layers.measure, names, params)
             judge = partial(self._judge_layers, at, names, norms, ratios)
         if layers.detail_until is None:
             return judge
@@ -271,7 +268,7 @@ class Actions:
     def _judge_layers(self, at: int, names: Any, norms: Any, ratios: Any) -> None:
         """The ring row and ``layer_rise`` of collected step ``at`` (``layer_values``)."""
         guard, layers = self.monitor.guard, self.layers
-        guard("keeping per-parameter norms", layers.ring.push, at, names, norms, ratios)
+        guard("keeping per-parameter norms", layers.keep, at, names, norms, ratios)
         found = guard("judging each layer", self.diagnoser.update_layers, at, names, norms, ratios)
         for alert in found or ():
             layers.remember(alert)

@@ -137,21 +137,22 @@ class LayerBlame:
         # the layer_rise alerts of the last ``steps`` steps: (step, what they named)
         self.recent: list[tuple[int, list[Blamed]]] = []
 
+    def measure(self, names: Sequence[str], params: Sequence[Any] | None) -> np.ndarray | None:
+        """The update ratios of this step, read from ``params`` now (the optimizer writes
+        them again next step); None when ``update_ratio`` is off."""
+        return None if self.ratios is None else self.ratios.measure(names, params)
+
     def keep(
         self,
         step: int,
         names: Sequence[str],
         norms: np.ndarray,
-        params: Sequence[Any] | None = None,
         ratios: np.ndarray | None = None,
-    ) -> np.ndarray | None:
-        """One collected step's per-parameter gradient norms, and the update ratios read
-        from ``params`` (or ``ratios`` as measured elsewhere: a replay of recorded
-        curves); returns the ratios kept (None when not measured)."""
-        if ratios is None and self.ratios is not None:
-            ratios = self.ratios.measure(names, params)
+    ) -> None:
+        """One collected step's per-parameter gradient norms and update ratios (``measure``,
+        or as measured elsewhere: a replay of recorded curves; None: not known) as the
+        ring's row."""
         self.ring.push(step, names, norms, ratios)
-        return ratios
 
     def remember(self, alert: Alert) -> None:
         """A ``layer_rise`` alert: a gradient or loss alert soon after names its layers."""
