@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from msmon_nb.diagnose.alert import fmt
 from msmon_nb.diagnose.base import CardRule, EpisodeRule, Finding
 from msmon_nb.diagnose.blame import Blamed
-from msmon_nb.diagnose.trend import SlidingSlope
+from msmon_nb.diagnose.trend import LogGrowth
 from msmon_nb.diagnose.window import RollingWindow
 
 PREFIX = "act/"
@@ -90,33 +89,10 @@ class ActStep:
         return sorted(self.values, key=self.index.__getitem__)
 
 
-class _Growth:
-    """One module's running log10 fit, its earlier peak and its recent values."""
+class _Growth(LogGrowth):
+    """One module's ``LogGrowth`` of its max |x|, with its blame and onset."""
 
-    __slots__ = ("count", "n", "peak", "recent", "rise", "slope", "steps", "t")
-
-    def __init__(self, window: int) -> None:
-        self.slope = SlidingSlope(window)
-        self.recent: deque[float] = deque(maxlen=HISTORY * window)
-        self.steps: deque[int] = deque(maxlen=HISTORY * window)
-        self.peak = -math.inf  # the largest log value before the current window
-        self.n = 0
-        self.count = 0  # steps over in a row
-        self.rise = 0.0  # the fitted rise over the window (log10), this step
-        self.t = 0.0
-
-    def add(self, step: int, value: float, window: int) -> float:
-        """Take one value; returns its log10."""
-        y = math.log10(max(value, FLOOR))
-        if len(self.recent) >= window:  # leaving the window: history
-            self.peak = max(self.peak, self.recent[-window])
-        self.slope.add(y)
-        self.recent.append(y)
-        self.steps.append(step)
-        self.n += 1
-        b, self.t = self.slope.fit()
-        self.rise = b * (len(self.slope) - 1)
-        return y
+    __slots__ = ()
 
     def blamed(self, name: str, window: int, log_factor: float) -> Blamed:
         usual = 10**self.peak if math.isfinite(self.peak) else 10 ** self.recent[0]
@@ -203,8 +179,10 @@ class _GrowthRule(_ActRule):
             return None
         mod = self.modules.get(module)
         if mod is None:
-            mod = self.modules[module] = _Growth(self.window)
-        return mod, mod.add(step, value, self.window)
+            mod = self.modules[module] = _Growth(self.window, HISTORY)
+        y = math.log10(max(value, FLOOR))
+        mod.add(step, y)
+        return mod, y
 
     def _grows(self, mod: _Growth, y: float) -> bool:
         return (
@@ -233,7 +211,7 @@ class OutputLogitDivergence(_GrowthRule, kind="output_logit_divergence"):
         if not over or mod.count < self.patience or self.active:
             return None
         first = self._start([mod.blamed(name, self.window, self.log_factor)], acts)
-        growth = 10 ** (mod.rise / max(len(mod.slope) - 1, 1))
+        growth = mod.per_step()
         message = (
             f"output logits of {name} diverging since step {first.step}: max |logit| "
             f"{fmt(value)}, x{growth:.3g} per collected step over the last "
@@ -274,7 +252,7 @@ class ActivationBlowup(_GrowthRule, kind="activation_blowup"):
         blamed = [m.blamed(name, self.window, self.log_factor) for name, m in over]
         first = self._start(blamed, acts)
         mod = self.modules[first.name]
-        growth = 10 ** (mod.rise / max(len(mod.slope) - 1, 1))
+        growth = mod.per_step()
         message = (
             f"activations of {first.name} blowing up since step {first.step}: max "
             f"|activation| {fmt(first.norm)} (earlier peak {fmt(first.usual)}), "

@@ -24,14 +24,13 @@ onset fit runs only when an alert is raised.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from msmon_nb.diagnose.alert import fmt
 from msmon_nb.diagnose.base import CardRule, EpisodeRule, Finding
 from msmon_nb.diagnose.blame import Blamed
-from msmon_nb.diagnose.trend import SlidingSlope, hinge_onset
+from msmon_nb.diagnose.trend import LogGrowth, hinge_onset
 
 PREFIX, SUFFIX = "attn/", "/max_logit"
 HISTORY = 4  # windows of each module's log values kept for the onset fit
@@ -47,20 +46,6 @@ def module_of(tag: str) -> str:
     return tag[len(PREFIX) : -len(SUFFIX)]
 
 
-class _Module:
-    """One module's running fit, its earlier peak and its recent values."""
-
-    __slots__ = ("count", "n", "peak", "recent", "slope", "steps")
-
-    def __init__(self, window: int) -> None:
-        self.slope = SlidingSlope(window)
-        self.recent: deque[float] = deque(maxlen=HISTORY * window)
-        self.steps: deque[int] = deque(maxlen=HISTORY * window)
-        self.peak = -math.inf  # the largest log value before the current window
-        self.n = 0
-        self.count = 0  # steps over in a row
-
-
 class AttentionGrowth(CardRule, EpisodeRule, kind="attention_logit_growth"):
     """The rule (module docstring): ``update(step, tag, value)`` per module's max logit
     at a collected step; ``named`` lists the modules of the last finding."""
@@ -68,7 +53,7 @@ class AttentionGrowth(CardRule, EpisodeRule, kind="attention_logit_growth"):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.log_factor = math.log10(self.factor)
-        self.modules: dict[str, _Module] = {}
+        self.modules: dict[str, LogGrowth] = {}
         # the modules of the last finding, the first to grow first: name (the module
         # path), z (the slope's t), step (its onset), norm (its max logit), usual (its
         # earlier peak)
@@ -84,22 +69,14 @@ class AttentionGrowth(CardRule, EpisodeRule, kind="attention_logit_growth"):
             self._step, self._hot = step, False
         mod = self.modules.get(tag)
         if mod is None:
-            mod = self.modules[tag] = _Module(self.window)
+            mod = self.modules[tag] = LogGrowth(self.window, HISTORY)
         y = math.log10(value) if value > 0 else math.log10(1e-6)
-        slope = mod.slope
-        if len(mod.recent) >= self.window:  # leaving the window: history
-            mod.peak = max(mod.peak, mod.recent[-self.window])
-        slope.add(y)
-        mod.recent.append(y)
-        mod.steps.append(step)
-        mod.n += 1
+        mod.add(step, y)
         if mod.n < self.min_history:
             return None
-        b, t = slope.fit()
-        rise = b * (len(slope) - 1)
         over = (
-            rise > self.log_factor
-            and t > self.t
+            mod.rise > self.log_factor
+            and mod.t > self.t
             and value > self.min_logit
             and y > mod.peak + self.log_factor
         )
@@ -115,22 +92,21 @@ class AttentionGrowth(CardRule, EpisodeRule, kind="attention_logit_growth"):
             key=lambda b: (b.step, -b.z),
         )
         first, since = self.named[0].name, self.named[0].step
-        growth = 10 ** (rise / max(len(slope) - 1, 1))
+        growth = mod.per_step()
         others = [b.name for b in self.named[1:3]]
         also = f" (also {', '.join(others)})" if others else ""
         message = (
             f"attention logits of {first} growing since step {since}: max logit "
             f"{fmt(value)}, x{growth:.3g} per collected step over the last "
-            f"{len(slope)}{also}; without QK normalisation such growth precedes loss "
+            f"{len(mod.slope)}{also}; without QK normalisation such growth precedes loss "
             "divergence: lower the lr of the query/key projections, add QK layernorm, or "
             "clip the logits"
         )
         return Finding(since, value, message)
 
 
-def _blamed(tag: str, mod: _Module) -> Blamed:
+def _blamed(tag: str, mod: LogGrowth) -> Blamed:
     """A growing module as a blame entry (``AttentionGrowth.named``)."""
-    _, t = mod.slope.fit()
     since = hinge_onset(list(mod.steps), list(mod.recent))
     usual = 10**mod.peak if math.isfinite(mod.peak) else 10 ** mod.recent[0]
-    return Blamed(module_of(tag), t, since, 10 ** mod.recent[-1], usual)
+    return Blamed(module_of(tag), mod.t, since, 10 ** mod.recent[-1], usual)

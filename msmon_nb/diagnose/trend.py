@@ -124,6 +124,43 @@ def _hinge_fits(values: list[float]) -> list[tuple[int, float, float, float]]:
     return fits
 
 
+class LogGrowth:
+    """One series' growth, in log10, as the growth rules judge it (``diagnose.attention``'s
+    max logits, ``diagnose.activations``' max |x|): a ``SlidingSlope`` over the last
+    ``window`` values with this step's fitted rise over the window (``rise``) and its
+    significance (``t``), the largest value before the window (``peak``: "beyond its own
+    earlier peak"), and the last ``history`` windows of values and their steps (``recent``,
+    ``steps``: what an onset is dated from). ``count``: the rule's steps over in a row."""
+
+    __slots__ = ("count", "n", "peak", "recent", "rise", "slope", "steps", "t", "window")
+
+    def __init__(self, window: int, history: int) -> None:
+        self.window = window
+        self.slope = SlidingSlope(window)
+        self.recent: deque[float] = deque(maxlen=history * window)
+        self.steps: deque[int] = deque(maxlen=history * window)
+        self.peak = -math.inf  # the largest log value before the current window
+        self.n = 0
+        self.count = 0  # steps over in a row
+        self.rise = 0.0  # the fitted rise over the window (log10), this step
+        self.t = 0.0
+
+    def add(self, step: int, y: float) -> None:
+        """Take ``y`` (a log10 value) of collected step ``step``."""
+        if len(self.recent) >= self.window:  # leaving the window: history
+            self.peak = max(self.peak, self.recent[-self.window])
+        self.slope.add(y)
+        self.recent.append(y)
+        self.steps.append(step)
+        self.n += 1
+        b, self.t = self.slope.fit()
+        self.rise = b * (len(self.slope) - 1)
+
+    def per_step(self) -> float:
+        """The fitted growth factor per collected step."""
+        return 10 ** (self.rise / max(len(self.slope) - 1, 1))
+
+
 def hinge_onset(steps: list[int], values: list[float], slack: float | None = None) -> int:
     """The first rising step of a flat-then-linear fit ``a + b * max(0, i - k)`` (b > 0):
     ``steps[k + 1]``, for the latest kink ``k`` whose fit is within ``slack`` residual
