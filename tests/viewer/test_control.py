@@ -130,13 +130,25 @@ def test_the_viewer_stop_button_ends_a_script_run(browser, serve, tmp_path):  # 
         # run's own, here): it started at 10, a value the run did not have
         assert page.input_value(f"{controls} input.control-freq") == "1"
         page.click(f'{controls} button[data-cmd="stop"]')
+        # the answer shows in the run's control row until the run has ended; then the row
+        # goes (its run is no longer live) and the runs table says "stopped": a run that
+        # ends quickly may take its row before the answer is read, so either is seen
+        status = f"{row} span.status"
         wait_for(
             page,
-            f"() => document.querySelector('{controls} .control-msg').textContent"
-            ".includes('stopping at the next step boundary')",
+            f"() => {{ const m = document.querySelector('{controls} .control-msg');"
+            " return (m !== null && m.textContent.includes('stopping at the next step boundary'))"
+            f" || document.querySelector('{status}')?.textContent === 'stopped'; }}",
             timeout=15_000,
         )
         out, _err = proc.communicate(timeout=60)
         assert "status stopped" in out
         assert read_marker(run_dir)["status"] == "stopped"
+        # what the user is left with: the run marked stopped, and no buttons for it
+        wait_for(
+            page,
+            f"() => document.querySelector('{status}')?.textContent === 'stopped'"
+            f" && document.querySelector('{controls}') === null",
+            timeout=15_000,
+        )
         assert not problems, problems
