@@ -46,6 +46,14 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.collect.attnform import Arg, AttentionForm, attention_forms, is_mha, mha_form
+from msmon_nb.collect.attnsoftmax import (
+    SoftmaxCapture,
+    SoftmaxForm,
+    is_softmax_form,
+    score_signals,
+    softmax_form_within,
+    softmax_modules,
+)
 from msmon_nb.collect.tensors import to_numpy
 
 ATTN_STATS = ("max_logit", "entropy")
@@ -62,11 +70,23 @@ def is_attention(cell: Any) -> bool:
 
 def attention_modules(
     paths: list[tuple[str, Any]], targets: list[str] | None = None
-) -> tuple[list[tuple[str, Any, AttentionForm]], list[str]]:
+) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """The attention modules among ``[(path, cell)]`` (``activations.module_paths``):
     every ``nn.MultiheadAttention`` and each module ``attention_targets`` names, with
-    their forms, and what did not fit (``attnform.attention_forms``)."""
-    return attention_forms(paths, targets)
+    their forms (``attnform.attention_forms``), and every module computing its own
+    softmax(Q K^T ...) (``attnsoftmax``: rotary, grouped heads, inner masks), with what
+    did not fit. A named module ``attnform`` refuses is followed through its softmax
+    when it (or the one cell under it that does) computes one."""
+    found, problems = attention_forms(paths, targets, fallback=softmax_form_within)
+    taken = {id(c) for _, c, _ in found}
+    taken |= {id(f.owner) for _, _, f in found if is_softmax_form(f)}
+    for path, cell, form in softmax_modules(paths):
+        if id(cell) not in taken:
+            taken.add(id(cell))
+            found.append((path, cell, form))
+    order = {id(c): i for i, (_, c) in enumerate(paths)}
+    found.sort(key=lambda item: order.get(id(item[1]), len(order)))
+    return found, problems
 
 
 def _arg(args: tuple, kwargs: dict, where: Arg | None) -> Any:
@@ -191,7 +211,8 @@ class AttentionHooks:
     kept (one snapshot per module: its first call in the step)."""
 
     def __init__(self) -> None:
-        self.kept: dict[str, Snapshot] = {}  # tag prefix -> snapshot
+        self.kept: dict[str, Snapshot | np.ndarray] = {}  # tag prefix -> snapshot / scores
+        self.missed: list[str] = []  # softmax captures a collected step never called
 
     def hook(
         self, prefix: str, form: AttentionForm, count: Callable[[], None]
@@ -206,11 +227,31 @@ class AttentionHooks:
 
         return attention_hook
 
+    def capture(self, prefix: str, form: SoftmaxForm, count: Callable[[], None]) -> Any:
+        """Shadow ``form``'s softmax for this step (``attnsoftmax.SoftmaxCapture``),
+        keeping ``prefix``'s scores; the handle's ``remove()`` puts the module back and
+        notes in ``missed`` a module whose softmax the step never called."""
+        kept, missed = self.kept, self.missed
+
+        def keep(scores: np.ndarray) -> None:
+            kept.setdefault(prefix, scores)
+
+        capture = SoftmaxCapture(form, keep, count)
+
+        class Handle:
+            def remove(self) -> None:
+                capture.remove()
+                if not capture.called:
+                    missed.append(prefix)
+
+        return Handle()
+
     def take(self) -> dict[str, float]:
         """``{attn/<module>/<stat>: value}`` of the step's snapshots; they go."""
         out: dict[str, float] = {}
         for prefix, snap in self.kept.items():
-            for stat, value in signals(snap).items():
+            values = score_signals(snap) if isinstance(snap, np.ndarray) else signals(snap)
+            for stat, value in values.items():
                 out[f"{prefix}/{stat}"] = value
         self.kept.clear()
         return out
