@@ -442,13 +442,16 @@ class Activations:
         self.kept.clear()
         if self.attention is not None:
             out.update(self.attention.take())
-            for prefix in self.attention.missed:
+            missed = self.attention.missed
+            if missed and not self.attention.called:  # (an unused sibling is no news)
+                names = ", ".join(p[len("attn/") :] for p in missed)
                 self.warn_once(
-                    f"attention missed {prefix}",
-                    f"attention: {prefix[len('attn/') :]} did not call its softmax in a "
-                    "collected step (a flash/fused attention path, or the module did not run), "
-                    "so that step has no attn/... values for it; training goes on",
+                    "attention missed",
+                    f"attention: {names} did not call their softmax in a collected step (a "
+                    "flash/fused attention path, or the modules did not run), so no attn/... "
+                    "values are recorded for them; training goes on",
                 )
+            self.attention.called = 0
             self.attention.missed.clear()
         if self.moe is not None:
             out.update(self.moe.take())

@@ -213,6 +213,7 @@ class AttentionHooks:
     def __init__(self) -> None:
         self.kept: dict[str, Snapshot | np.ndarray] = {}  # tag prefix -> snapshot / scores
         self.missed: list[str] = []  # softmax captures a collected step never called
+        self.called = 0  # softmax captures a collected step called
 
     def hook(
         self, prefix: str, form: AttentionForm, count: Callable[[], None]
@@ -230,8 +231,8 @@ class AttentionHooks:
     def capture(self, prefix: str, form: SoftmaxForm, count: Callable[[], None]) -> Any:
         """Shadow ``form``'s softmax for this step (``attnsoftmax.SoftmaxCapture``),
         keeping ``prefix``'s scores; the handle's ``remove()`` puts the module back and
-        notes in ``missed`` a module whose softmax the step never called."""
-        kept, missed = self.kept, self.missed
+        counts it in ``called`` or notes it in ``missed`` (its softmax not called)."""
+        kept, missed, hooks = self.kept, self.missed, self
 
         def keep(scores: np.ndarray) -> None:
             kept.setdefault(prefix, scores)
@@ -241,7 +242,9 @@ class AttentionHooks:
         class Handle:
             def remove(self) -> None:
                 capture.remove()
-                if not capture.called:
+                if capture.called:
+                    hooks.called += 1
+                else:
                     missed.append(prefix)
 
         return Handle()
