@@ -267,3 +267,78 @@ def test_compiled_step_warns_once_and_training_unchanged(tmp_path, mindformers):
     assert not [t for t in load_run(mon.run_dir).tags() if t.startswith("attn/")]
     for got, want in zip(state(opt), final, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_glm2_core_attention_through_its_nn_softmax(tmp_path, mindformers):
+    """ChatGLM2's ``CoreAttention`` (an ``nn.Softmax`` sub-cell; 2 key/value groups for 4
+    heads; the causal mask built inside its ``construct``), found by structure beside an
+    ``InferAttention`` sibling that training never calls (no warning for it). Reference:
+    the same softmax input taken another way, a forward pre-hook on that ``nn.Softmax`` in
+    an unmonitored arm, reduced here in numpy. (On MindSpore 2.10 that mask comes out as
+    +240 at the future positions -- ``bool * -10000`` wraps in uint8 -- and the module
+    attends to them: ``max_logit`` shows what the softmax is fed, whatever it is.)"""
+    from mindformers.models.glm2 import ChatGLM2Config, ChatGLM2ForConditionalGeneration
+
+    def glm2():
+        ms.set_seed(0)
+        config = ChatGLM2Config(
+            num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, kv_channels=8,
+            ffn_hidden_size=64, padded_vocab_size=VOCAB, vocab_size=VOCAB, seq_length=SEQ,
+            batch_size=BATCH, multi_query_attention=True, multi_query_group_num=KV_HEADS,
+            compute_dtype="float32", layernorm_compute_type="float32", param_init_type="float32",
+            rotary_dtype="float32", use_flash_attention=False, rmsnorm=False,
+        )  # fmt: skip
+        net = ChatGLM2ForConditionalGeneration(config)
+        net.set_train(True)
+        return net, ms.nn.Adam(net.trainable_params(), learning_rate=1e-2)
+
+    paths = [f"transformer.encoder.layers.{i}.self_attention.core_attention" for i in range(LAYERS)]
+    rng = np.random.default_rng(1)
+    xs = [Tensor(rng.integers(1, VOCAB, size=(BATCH, SEQ)).astype(np.int32)) for _ in range(3)]
+
+    def loop(net, opt):
+        grad_fn = ms.value_and_grad(lambda x: net(x, x), None, opt.parameters)
+        for x in xs:
+            seen.clear()
+            _, grads = grad_fn(x)
+            opt(grads)
+            yield
+
+    seen: dict[str, np.ndarray] = {}
+    net, opt = glm2()
+    cells = dict(net.cells_and_names())
+    for path in paths:
+
+        def pre_hook(cell, args, path=path):  # returns None: the input goes on unchanged
+            seen.setdefault(path, args[0].asnumpy().copy())
+
+        cells[path].softmax.register_forward_pre_hook(pre_hook)
+    expected = []
+    for _ in loop(net, opt):
+        want = {}
+        for path, scores in seen.items():
+            s = scores.astype(np.float64)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            want[f"attn/{path}/max_logit"] = float(s[s > -5e3].max())
+            want[f"attn/{path}/entropy"] = float(np.mean(-(p * np.log(p)).sum(-1)))
+        expected.append(want)
+    final = [p.asnumpy().copy() for p in opt.parameters]
+
+    net, opt = glm2()
+    cfg = dict(save_dir=str(tmp_path), log_interval=1, track_metrics=["loss", "attention"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(**cfg) as mon, mon.watch():
+            for _ in loop(net, opt):
+                pass
+    assert not [w for w in caught if issubclass(w.category, MonitorWarning)]
+    for got, want in zip([p.asnumpy() for p in opt.parameters], final, strict=True):
+        np.testing.assert_array_equal(got, want)
+    run = load_run(mon.run_dir)
+    assert {t for t in run.tags() if t.startswith("attn/")} == set(expected[0])
+    assert len(expected[0]) == 2 * LAYERS
+    for tag in expected[0]:
+        s = run.scalars(tag)
+        assert s.steps.tolist() == list(range(len(xs)))
+        np.testing.assert_allclose(s.values, [e[tag] for e in expected], rtol=1e-6, err_msg=tag)
