@@ -448,8 +448,9 @@ class Activations:
                 self.warn_once(
                     "attention missed",
                     f"attention: {names} did not call their softmax in a collected step (a "
-                    "flash/fused attention path, or the modules did not run), so no attn/... "
-                    "values are recorded for them; training goes on",
+                    "flash/fused attention path, the modules did not run, or their scores could "
+                    "not be copied), so no attn/... values are recorded for them; training "
+                    "goes on",
                 )
             self.attention.called = 0
             self.attention.missed.clear()

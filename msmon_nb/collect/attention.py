@@ -12,8 +12,11 @@ Found by structure (``collect.attnform``): every ``mindspore.nn.MultiheadAttenti
 under the network (so every ``nn.TransformerEncoderLayer`` / ``DecoderLayer``, which hold
 one), and each module ``attention_targets`` names whose logits are a projection of its
 inputs (query/key ``nn.Dense`` sub-cells and a head count; the shape it must have, and
-what is refused, are ``attnform``'s). ``module_targets`` does not restrict them: a model
-has few, and two series each.
+what is refused, are ``attnform``'s), and every module computing its own softmax(Q K^T
+...) -- rotary, grouped key heads, masks built inside, MindFormers' ``LLamaAttention`` --
+followed through the scores it feeds that softmax (``collect.attnsoftmax``, PyNative steps
+only; a named module ``attnform`` refuses is followed so where it can be).
+``module_targets`` does not restrict them: a model has few, and two series each.
 
 How, without touching training: on a collected PyNative step a forward hook of ours sees
 the module's own inputs (query, key, masks); it copies them and the module's query and
@@ -228,26 +231,22 @@ class AttentionHooks:
 
         return attention_hook
 
-    def capture(self, prefix: str, form: SoftmaxForm, count: Callable[[], None]) -> Any:
+    def capture(self, prefix: str, form: SoftmaxForm, count: Callable[[], None]) -> SoftmaxCapture:
         """Shadow ``form``'s softmax for this step (``attnsoftmax.SoftmaxCapture``),
         keeping ``prefix``'s scores; the handle's ``remove()`` puts the module back and
         counts it in ``called`` or notes it in ``missed`` (its softmax not called)."""
-        kept, missed, hooks = self.kept, self.missed, self
+        kept = self.kept
 
         def keep(scores: np.ndarray) -> None:
             kept.setdefault(prefix, scores)
 
-        capture = SoftmaxCapture(form, keep, count)
+        def done(called: bool) -> None:
+            if called:
+                self.called += 1
+            else:
+                self.missed.append(prefix)
 
-        class Handle:
-            def remove(self) -> None:
-                capture.remove()
-                if capture.called:
-                    hooks.called += 1
-                else:
-                    missed.append(prefix)
-
-        return Handle()
+        return SoftmaxCapture(form, keep, count, done)
 
     def take(self) -> dict[str, float]:
         """``{attn/<module>/<stat>: value}`` of the step's snapshots; they go."""

@@ -129,13 +129,20 @@ def softmax_modules(paths: list[tuple[str, Any]]) -> list[tuple[str, Any, Softma
 class SoftmaxCapture:
     """One collected step's shadowing of one module's softmax (module doc). ``keep``
     receives the host copy of the scores of the module's first softmax call in the step;
-    ``remove()`` puts the instance dict back as it was."""
+    ``remove()`` puts the instance dict back as it was and tells ``done`` whether the
+    softmax was called."""
 
     def __init__(
-        self, form: SoftmaxForm, keep: Callable[[np.ndarray], None], count: Callable[[], None]
+        self,
+        form: SoftmaxForm,
+        keep: Callable[[np.ndarray], None],
+        count: Callable[[], None],
+        done: Callable[[bool], None],
     ) -> None:
         self.form = form
+        self.done = done
         self.called = False
+        self.failed = False  # the copy failed (reported as not called)
         held = vars(form.owner)
         self._had = form.name in held
         self._before = held.get(form.name)
@@ -143,10 +150,15 @@ class SoftmaxCapture:
         capture = self
 
         def msmon_softmax(*args: Any, **kwargs: Any) -> Any:
-            if not capture.called and args:
-                capture.called = True
-                count()
-                keep(np.array(to_numpy(args[0])))
+            if not capture.called and not capture.failed and args:
+                try:
+                    scores = np.array(to_numpy(args[0]))
+                except Exception:  # noqa: BLE001 - inside the user's forward pass: it goes on
+                    capture.failed = True
+                else:
+                    capture.called = True
+                    count()
+                    keep(scores)
             return original(*args, **kwargs)
 
         # written straight into the instance dict: Cell.__setattr__ would file it
@@ -158,6 +170,7 @@ class SoftmaxCapture:
             held[self.form.name] = self._before
         else:
             held.pop(self.form.name, None)
+        self.done(self.called)
 
 
 def score_signals(scores: np.ndarray) -> dict[str, float]:
