@@ -180,11 +180,13 @@ def score_signals(scores: np.ndarray) -> dict[str, float]:
     open_ = shown > OPEN_ABOVE
     bad = bool(np.isnan(shown).any()) or not bool(open_.any())
     top = math.nan if bad else float(np.max(shown[open_]))
-    peak = np.max(shown, axis=-1, keepdims=True)
+    # a row's entropy is log Z - sum(e * x) / Z over its shifted scores x (e = exp x, Z =
+    # sum e): one exp over the scores, no log (the scores can be many: heads x L x S)
     with np.errstate(invalid="ignore"):
-        weights = np.exp(shown - peak)
-        weights /= weights.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(weights > 0, weights * np.log(weights), 0.0)
-    entropy = float(np.mean(-terms.sum(axis=-1)))
+        shown -= np.max(shown, axis=-1, keepdims=True)
+    weights = np.exp(shown)
+    total = weights.sum(axis=-1)
+    with np.errstate(invalid="ignore"):
+        spent = np.where(weights > 0, weights * shown, 0.0).sum(axis=-1)
+        entropy = float(np.mean(np.log(total) - spent / total))
     return {"max_logit": top, "entropy": entropy}
