@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msmon_nb.collect.attention import AttentionHooks, attention_modules
+from msmon_nb.collect.attnsoftmax import is_softmax_form
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.moe import RouterHooks, router_modules
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
@@ -287,6 +288,11 @@ class Activations:
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
         for path, cell, form in self.attn_modules if self.attention is not None else ():
+            if is_softmax_form(form):  # no hook: its softmax shadowed for the step
+                self.handles.append(
+                    self.attention.capture(f"attn/{param_tag(path)}", form, self._count)
+                )
+                continue
             self.before.append((cell, *_hook_state(cell)))
             hook = self.attention.hook(f"attn/{param_tag(path)}", form, self._count)
             self.handles.append(cell.register_forward_hook(hook, with_kwargs=True))
@@ -368,6 +374,8 @@ class Activations:
         if self.outputs and not modules:
             self.warn_once("activations none", f"activations: no module selected in {root!r}")
         attn = self._attention_modules(root) if self.attention is not None else []
+        self._softmax_compiled([(p, c) for p, c, f in attn if is_softmax_form(f)])
+        attn = [item for item in attn if not is_softmax_form(item[2])]
         if not modules and not attn:
             return
         self.graph = GraphActivations(modules, attn)
@@ -377,6 +385,20 @@ class Activations:
                 "act_grad compiled",
                 "act_grad is recorded in PyNative steps; inside this compiled step only the "
                 "activations are (act/...), not their gradients; training goes on",
+            )
+
+    def _softmax_compiled(self, found: list[tuple[str, Any]]) -> None:
+        """Modules followed through their softmax (``attnsoftmax``) in a compiled step:
+        one warning naming them; the step runs as it is."""
+        if found:
+            names = ", ".join(f"{p} ({type(c).__name__})" for p, c in found)
+            self.warn_once(
+                "attention softmax compiled",
+                f"attention: {names} are followed through the scores they feed their softmax, "
+                "which only a PyNative step shows; this step runs compiled (a @ms.jit step, a "
+                "GRAPH_MODE train cell or Model.train), so no attn/... series are recorded for "
+                "them. To record them, collect in PyNative (ms.set_context(mode="
+                "ms.PYNATIVE_MODE), the step not under @ms.jit); training goes on",
             )
 
     def _attention_modules(self, root: Any) -> list[tuple[str, Any, Any]]:
@@ -390,8 +412,9 @@ class Activations:
                 "attention none",
                 f"attention: {type(root).__name__} holds no attention module msmon "
                 "recognises (nn.MultiheadAttention, in nn.TransformerEncoderLayer and "
-                "DecoderLayer) and attention_targets names none that fits; no attn/... "
-                "series are recorded",
+                "DecoderLayer; a cell calling its own softmax primitive or nn.Softmax "
+                "after a Q K^T matmul, as MindFormers' LLamaAttention) and attention_targets "
+                "names none that fits; no attn/... series are recorded",
             )
         return found
 
@@ -419,6 +442,18 @@ class Activations:
         self.kept.clear()
         if self.attention is not None:
             out.update(self.attention.take())
+            missed = self.attention.missed
+            if missed and not self.attention.called:  # (an unused sibling is no news)
+                names = ", ".join(p[len("attn/") :] for p in missed)
+                self.warn_once(
+                    "attention missed",
+                    f"attention: {names} did not call their softmax in a collected step (a "
+                    "flash/fused attention path, the modules did not run, or their scores could "
+                    "not be copied), so no attn/... values are recorded for them; training "
+                    "goes on",
+                )
+            self.attention.called = 0
+            self.attention.missed.clear()
         if self.moe is not None:
             out.update(self.moe.take())
         return out

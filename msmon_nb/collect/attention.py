@@ -12,8 +12,11 @@ Found by structure (``collect.attnform``): every ``mindspore.nn.MultiheadAttenti
 under the network (so every ``nn.TransformerEncoderLayer`` / ``DecoderLayer``, which hold
 one), and each module ``attention_targets`` names whose logits are a projection of its
 inputs (query/key ``nn.Dense`` sub-cells and a head count; the shape it must have, and
-what is refused, are ``attnform``'s). ``module_targets`` does not restrict them: a model
-has few, and two series each.
+what is refused, are ``attnform``'s), and every module computing its own softmax(Q K^T
+...) -- rotary, grouped key heads, masks built inside, MindFormers' ``LLamaAttention`` --
+followed through the scores it feeds that softmax (``collect.attnsoftmax``, PyNative steps
+only; a named module ``attnform`` refuses is followed so where it can be).
+``module_targets`` does not restrict them: a model has few, and two series each.
 
 How, without touching training: on a collected PyNative step a forward hook of ours sees
 the module's own inputs (query, key, masks); it copies them and the module's query and
@@ -46,6 +49,14 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.collect.attnform import Arg, AttentionForm, attention_forms, is_mha, mha_form
+from msmon_nb.collect.attnsoftmax import (
+    SoftmaxCapture,
+    SoftmaxForm,
+    is_softmax_form,
+    score_signals,
+    softmax_form_within,
+    softmax_modules,
+)
 from msmon_nb.collect.tensors import to_numpy
 
 ATTN_STATS = ("max_logit", "entropy")
@@ -62,11 +73,23 @@ def is_attention(cell: Any) -> bool:
 
 def attention_modules(
     paths: list[tuple[str, Any]], targets: list[str] | None = None
-) -> tuple[list[tuple[str, Any, AttentionForm]], list[str]]:
+) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """The attention modules among ``[(path, cell)]`` (``activations.module_paths``):
     every ``nn.MultiheadAttention`` and each module ``attention_targets`` names, with
-    their forms, and what did not fit (``attnform.attention_forms``)."""
-    return attention_forms(paths, targets)
+    their forms (``attnform.attention_forms``), and every module computing its own
+    softmax(Q K^T ...) (``attnsoftmax``: rotary, grouped heads, inner masks), with what
+    did not fit. A named module ``attnform`` refuses is followed through its softmax
+    when it (or the one cell under it that does) computes one."""
+    found, problems = attention_forms(paths, targets, fallback=softmax_form_within)
+    taken = {id(c) for _, c, _ in found}
+    taken |= {id(f.owner) for _, _, f in found if is_softmax_form(f)}
+    for path, cell, form in softmax_modules(paths):
+        if id(cell) not in taken:
+            taken.add(id(cell))
+            found.append((path, cell, form))
+    order = {id(c): i for i, (_, c) in enumerate(paths)}
+    found.sort(key=lambda item: order.get(id(item[1]), len(order)))
+    return found, problems
 
 
 def _arg(args: tuple, kwargs: dict, where: Arg | None) -> Any:
@@ -191,7 +214,9 @@ class AttentionHooks:
     kept (one snapshot per module: its first call in the step)."""
 
     def __init__(self) -> None:
-        self.kept: dict[str, Snapshot] = {}  # tag prefix -> snapshot
+        self.kept: dict[str, Snapshot | np.ndarray] = {}  # tag prefix -> snapshot / scores
+        self.missed: list[str] = []  # softmax captures a collected step never called
+        self.called = 0  # softmax captures a collected step called
 
     def hook(
         self, prefix: str, form: AttentionForm, count: Callable[[], None]
@@ -206,11 +231,29 @@ class AttentionHooks:
 
         return attention_hook
 
+    def capture(self, prefix: str, form: SoftmaxForm, count: Callable[[], None]) -> SoftmaxCapture:
+        """Shadow ``form``'s softmax for this step (``attnsoftmax.SoftmaxCapture``),
+        keeping ``prefix``'s scores; the handle's ``remove()`` puts the module back and
+        counts it in ``called`` or notes it in ``missed`` (its softmax not called)."""
+        kept = self.kept
+
+        def keep(scores: np.ndarray) -> None:
+            kept.setdefault(prefix, scores)
+
+        def done(called: bool) -> None:
+            if called:
+                self.called += 1
+            else:
+                self.missed.append(prefix)
+
+        return SoftmaxCapture(form, keep, count, done)
+
     def take(self) -> dict[str, float]:
         """``{attn/<module>/<stat>: value}`` of the step's snapshots; they go."""
         out: dict[str, float] = {}
         for prefix, snap in self.kept.items():
-            for stat, value in signals(snap).items():
+            values = score_signals(snap) if isinstance(snap, np.ndarray) else signals(snap)
+            for stat, value in values.items():
                 out[f"{prefix}/{stat}"] = value
         self.kept.clear()
         return out

@@ -22,8 +22,10 @@ and receives, nothing else:
   (batch, heads, L, S)). A named module that is an ``nn.MultiheadAttention`` or holds
   exactly one is that one.
 
-What cannot be followed is refused with ``AttentionShapeError``, naming the module, what
-is missing and what to do (``attention_targets`` then records the others): rotary
+What cannot be followed this way is refused with ``AttentionShapeError``, naming the
+module, what is missing and what to do (``attention_targets`` then records the others),
+unless the module computes its own softmax(Q K^T ...), which ``collect.attnsoftmax``
+follows through the softmax's input instead (``attention_forms``' ``fallback``): rotary
 position embeddings (a sub-cell or attribute named ``rotary``/``rope``: the logits are of
 rotated queries and keys, which are not a projection of the inputs; MindFormers'
 ``LlamaAttention`` and the Llama/Qwen/GLM families are such), grouped key heads (the key
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,14 +220,17 @@ def _named(params: list[Arg], names: tuple[str, ...]) -> Arg | None:
 
 
 def attention_forms(
-    paths: list[tuple[str, Any]], targets: list[str] | None
-) -> tuple[list[tuple[str, Any, AttentionForm]], list[str]]:
+    paths: list[tuple[str, Any]],
+    targets: list[str] | None,
+    fallback: Callable[[Any], Any] | None = None,
+) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """``([(path, cell, form)], [problem])``: every ``nn.MultiheadAttention`` under the
     network, and each module ``targets`` names (regexes searched in its path), once each
     (a named module's own MHA is not counted twice); a named module that does not fit
-    gives its ``AttentionShapeError`` message instead, and a pattern naming nothing says
-    so too."""
-    out: list[tuple[str, Any, AttentionForm]] = []
+    takes ``fallback(cell)``'s form where that is not None (``attention``: its softmax),
+    else gives its ``AttentionShapeError`` message, and a pattern naming nothing says so
+    too."""
+    out: list[tuple[str, Any, Any]] = []
     problems: list[str] = []
     seen: set[int] = set()
     patterns = [re.compile(t) for t in targets or ()]
@@ -243,7 +249,11 @@ def attention_forms(
         try:
             form = named_form(path, cell)
         except AttentionShapeError as exc:
-            problems.append(str(exc))
+            other = fallback(cell) if fallback is not None else None
+            if other is not None:
+                out.append((path, cell, other))
+            else:
+                problems.append(str(exc))
             seen.add(id(cell))
             continue
         seen.add(id(cell))
