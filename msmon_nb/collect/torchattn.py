@@ -261,10 +261,10 @@ class TorchAttention:
     def _softmax(self, function: Callable[..., Any]) -> Callable[..., Any]:
         def softmax(input, *args, **kwargs):
             prefix = self._wanted()
-            if prefix is not None and getattr(input, "ndim", 0) == 4:
-                if _softmax_dim(args, kwargs) in (-1, 3):
-                    self.kept[prefix] = Logits(_host(input))
-                    self.captures += 1
+            rows = getattr(input, "ndim", 0) == 4 and _softmax_dim(args, kwargs) in (-1, 3)
+            if prefix is not None and rows:  # (batch, heads, queries, keys), over the keys
+                self.kept[prefix] = Logits(_host(input))
+                self.captures += 1
             return function(input, *args, **kwargs)
 
         softmax.__wrapped__ = function  # type: ignore[attr-defined]
