@@ -28,8 +28,13 @@ import numpy as np
 import pytest
 import torch
 from mindtorch.autograd import value_and_grad
-from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
-from transformers import set_seed
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    set_seed,
+)
 
 from msmon_nb.config import CORE_METRICS
 from msmon_nb.config.checks import MonitorWarning
@@ -260,9 +265,9 @@ def test_exact_against_float64_twin_and_training_unchanged(tmp_path, kind, impl)
     track = [*CORE_METRICS, "activations", "attention"]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        with Monitor(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track) as mon:
-            with mon.watch() as watch:
-                monitored = state(*train(model, data))
+        cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track)
+        with Monitor(**cfg) as mon, mon.watch() as watch:
+            monitored = state(*train(model, data))
     assert_identical(monitored, twin)
 
     run = load_run(mon.run_dir)
