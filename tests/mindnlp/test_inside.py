@@ -33,6 +33,7 @@ from transformers import (
     BertForSequenceClassification,
     LlamaConfig,
     LlamaForCausalLM,
+    TrainerCallback,
     set_seed,
 )
 
@@ -40,7 +41,7 @@ from msmon_nb.config import CORE_METRICS
 from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
-from tests.mindnlp.support import LR, assert_identical, bert_config, state
+from tests.mindnlp.support import LR, assert_identical, bert_config, state, trainer
 
 UPDATES, EVERY = 3, 2  # steps 0 and 2 collected
 COLLECTED = [s for s in range(UPDATES) if s % EVERY == 0]
@@ -141,9 +142,9 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return x * cos[:, None] + turned * sin[:, None]
 
 
-def reference_attention(q, k, heads, kv_heads, causal, cos=None, sin=None):
+def reference_attention(q, k, heads, kv_heads, causal, pad, cos=None, sin=None):
     """``{max_logit, entropy}`` recomputed per head in float64 from the projections'
-    outputs (batch, length, heads x dim), keys masked by ``PAD`` (and the future)."""
+    outputs (batch, length, heads x dim), keys masked by ``pad`` (and the future)."""
     batch, length, width = q.shape
     dim = width // heads
     qh = q.reshape(batch, length, heads, dim).transpose(0, 2, 1, 3)
@@ -155,7 +156,7 @@ def reference_attention(q, k, heads, kv_heads, causal, cos=None, sin=None):
         for h in range(heads):
             kv = h // (heads // kv_heads)
             for i in range(length):
-                keys = [j for j in range(length) if PAD[b, j] and (not causal or j <= i)]
+                keys = [j for j in range(length) if pad[b, j] and (not causal or j <= i)]
                 row = np.array([qh[b, h, i] @ kh[b, kv, j] / math.sqrt(dim) for j in keys])
                 top = max(top, float(row.max()))
                 p = np.exp(row - row.max())
@@ -167,8 +168,8 @@ def reference_attention(q, k, heads, kv_heads, causal, cos=None, sin=None):
 class Seen:
     """The twin's float64 copies at the collected steps (each module's first call)."""
 
-    def __init__(self, kind: str, model) -> None:
-        self.kind, self.model = kind, model
+    def __init__(self, kind: str, model, pad=PAD, collected=COLLECTED) -> None:
+        self.kind, self.model, self.pad, self.collected = kind, model, pad, collected
         self.step = -1
         self.now: dict[str, np.ndarray] = {}
         self.by_step: dict[int, dict[str, np.ndarray]] = {}
@@ -193,13 +194,13 @@ class Seen:
 
     def _keep(self, name):
         def hook(module, args, output):
-            if self.step in COLLECTED and name not in self.now:
+            if self.step in self.collected and name not in self.now:
                 self.now[name] = output.asnumpy().astype(np.float64)
 
         return hook
 
     def _rotary(self, module, args, kwargs):
-        if self.step in COLLECTED and "#cos" not in self.now:
+        if self.step in self.collected and "#cos" not in self.now:
             cos, sin = kwargs["position_embeddings"]
             self.now["#cos"] = cos.asnumpy().astype(np.float64)
             self.now["#sin"] = sin.asnumpy().astype(np.float64)
@@ -212,7 +213,7 @@ class Seen:
         """``{step: {tag: value}}`` at the collected steps."""
         attn = self.attention_path()
         out = {}
-        for step in COLLECTED:
+        for step in self.collected:
             seen = self.by_step[step]
             values = {
                 f"act/{path.lower()}/{stat}": v
@@ -220,11 +221,12 @@ class Seen:
                 for stat, v in stats64(seen[path]).items()
             }
             if self.kind == "bert":
-                got = reference_attention(seen[f"{attn}#q"], seen[f"{attn}#k"], 2, 2, False)
-            else:
                 got = reference_attention(
-                    seen[f"{attn}#q"], seen[f"{attn}#k"], 4, 2, True, seen["#cos"], seen["#sin"]
+                    seen[f"{attn}#q"], seen[f"{attn}#k"], 2, 2, False, self.pad
                 )
+            else:
+                q, k = seen[f"{attn}#q"], seen[f"{attn}#k"]
+                got = reference_attention(q, k, 4, 2, True, self.pad, seen["#cos"], seen["#sin"])
             values.update({f"attn/{attn}/{stat}": v for stat, v in got.items()})
             out[step] = values
         return out
@@ -300,3 +302,113 @@ def test_exact_against_float64_twin_and_training_unchanged(tmp_path, kind, impl)
     assert not module._global_forward_pre_hooks and not module._global_forward_hooks
     ours = [str(w.message) for w in said if issubclass(w.category, MonitorWarning)]
     assert ours == [], ours
+
+
+def compare(run, expected: dict[int, dict[str, float]], steps: list[int]) -> None:
+    """Every act/ and attn/ series of ``run`` against the twin's, at ``steps``."""
+    tags = {t for t in run.tags() if t.startswith(("act/", "attn/"))}
+    assert tags == set(expected[steps[0]])
+    for tag in sorted(tags):
+        got = run.scalars(tag)
+        assert got.steps.tolist() == steps, tag
+        want = np.array([expected[step][tag] for step in steps])
+        if tag.startswith("attn/") or tag.endswith(("norm", "mean")):
+            np.testing.assert_allclose(got.values, want, rtol=1e-6, atol=1e-30, err_msg=tag)
+        else:
+            np.testing.assert_array_equal(got.values, np.float32(want), err_msg=tag)
+
+
+class _Steps(TrainerCallback):
+    def __init__(self, seen: Seen) -> None:
+        self.seen = seen
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.seen.begin(state.global_step)
+
+
+def test_trainer_records_them_at_each_update_first_micro_batch(tmp_path):
+    """transformers' Trainer (MindNLP's training_step), two micro-batches an update,
+    clipping on, sdpa BERT: each module's first call of the update, as for Cells."""
+    updates = 3
+    steps = list(range(updates))
+    twin = trainer(2, 0.05, updates, str(tmp_path / "twin"))
+    seen = Seen("bert", twin.model, pad=np.ones((BATCH, SEQ), int), collected=steps)
+    twin.add_callback(_Steps(seen))
+    twin.train()
+    expected = seen.expected()
+
+    monitored = trainer(2, 0.05, updates, str(tmp_path / "monitored"))
+    track = [*CORE_METRICS, "activations", "attention"]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        cfg = dict(save_dir=str(tmp_path / "runs"), log_interval=1, track_metrics=track)
+        with Monitor(**cfg) as mon, mon.watch():
+            monitored.train()
+    assert_identical(state(monitored.model, monitored.optimizer), state(twin.model, twin.optimizer))
+    compare(load_run(mon.run_dir), expected, steps)
+    ours = [str(w.message) for w in said if issubclass(w.category, MonitorWarning)]
+    assert ours == [], ours
+
+
+def test_attention_rule_names_the_module_whose_logits_grow(tmp_path):
+    """The user's loop scales BERT's query and key weights by 1.2 an update from step
+    20 (logits x1.44 a step): ``attention_logit_growth`` (diagnose.attention) reads the
+    attn/ series and names the module, with an onset near 20 (the loop stops there)."""
+    grows = 20
+    model = bert("sdpa")
+    attn = model.bert.encoder.layer[0].attention.self
+    params = model.trainable_params()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    grad_fn = value_and_grad(lambda batch: model(**batch).loss, params, attach_grads=True)
+    rng = np.random.default_rng(2)
+    track = [*CORE_METRICS, "attention"]
+    cfg = dict(save_dir=str(tmp_path), log_interval=1, track_metrics=track)
+    with Monitor(**cfg) as mon, mon.watch():
+        for step in range(60):
+            ids = rng.integers(0, VOCAB, size=(BATCH, SEQ))
+            labels = rng.integers(0, 2, size=BATCH)
+            grad_fn({"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)})
+            optimizer.step()
+            model.zero_grad()
+            if step >= grows:
+                with torch.no_grad():
+                    attn.query.weight.mul_(1.2)
+                    attn.key.weight.mul_(1.2)
+            if any(a.kind == "attention_logit_growth" for a in mon.alerts):
+                break
+    found = [a for a in mon.alerts if a.kind == "attention_logit_growth"]
+    tag = "attn/bert.encoder.layer.0.attention.self/max_logit"
+    logits = load_run(mon.run_dir).scalars(tag).values
+    assert found, [a.kind for a in mon.alerts]
+    assert logits[-1] > 30 * logits[grows], "the logits grew"
+    assert found[0].tag == tag
+    assert grows - 3 <= found[0].since_step <= grows + 5, found[0].since_step
+
+
+def test_what_cannot_be_recorded_is_said_once(tmp_path):
+    """``act_grad`` (mindtorch runs no module backward hook), a named module that
+    computes no attention (Llama's MLP), a pattern naming nothing: one warning each; the
+    rest is recorded."""
+    model = llama("sdpa")
+    track = [*CORE_METRICS, "activations", "act_grad", "attention"]
+    cfg = dict(
+        save_dir=str(tmp_path),
+        log_interval=1,
+        track_metrics=track,
+        module_targets=["^lm_head$"],
+        attention_targets=[r"layers\.0\.mlp$", "^nothing$"],
+    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Monitor(**cfg) as mon, mon.watch():
+            train(model, batches("llama"))
+    tags = {t.rsplit("/", 1)[0] for t in load_run(mon.run_dir).tags()}
+    assert {t for t in tags if t.startswith(("act", "attn"))} == {
+        "act/lm_head",
+        "attn/model.layers.0.self_attn",
+    }
+    ours = [str(w.message) for w in said if issubclass(w.category, MonitorWarning)]
+    assert len(ours) == 3, ours
+    assert any("act_grad is not recorded for MindNLP" in m for m in ours), ours
+    assert any("model.layers.0.mlp ran on a collected step" in m for m in ours), ours
+    assert any("'^nothing$' names no module" in m for m in ours), ours
