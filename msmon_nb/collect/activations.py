@@ -36,7 +36,9 @@ network is the first mindtorch module called in a collected step's forward pass
 (``collect.torchmodules``' root hook), its modules are its ``named_modules()`` and the
 default is again the leaves of its parameter tree; the same forward hooks (mindtorch's
 ``register_forward_hook``) keep the outputs. ``act_grad`` is not recorded there: mindtorch
-0.5.1 runs no module backward hook (one warning says so). Attention there is
+0.5.1 runs no module backward hook (``_call_impl`` has that code commented out) and its
+``Tensor.register_hook`` raises (it reads a ``_data`` the tensor lacks), so there is no
+safe way to see an output's gradient; one warning says so. Attention there is
 ``collect.torchattn``'s.
 
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
@@ -301,8 +303,9 @@ class Activations:
                 self.grads = False
                 self.warn_once(
                     "act_grad torch",
-                    "act_grad is not recorded for MindNLP (mindtorch) models: mindtorch runs "
-                    "no module backward hook; act/... is recorded; training goes on",
+                    "act_grad is not recorded for MindNLP (mindtorch) models: mindtorch 0.5 "
+                    "runs no module backward hook (and its Tensor.register_hook fails); "
+                    "act/... is recorded; training goes on",
                 )
             if self.moe is not None:
                 self.routers = router_modules(network_paths(cell))
