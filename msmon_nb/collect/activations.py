@@ -350,7 +350,8 @@ class Activations:
     def _hook(self) -> None:
         for path, cell in self.modules:
             name = param_tag(path)
-            self.before.append((cell, *_hook_state(cell)))
+            if not is_module(cell):  # (mindtorch's handle.remove() leaves nothing behind)
+                self.before.append((cell, *_hook_state(cell)))
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
