@@ -307,7 +307,13 @@ class Activations:
                     "runs no module backward hook (and its Tensor.register_hook fails); "
                     "act/... is recorded; training goes on",
                 )
-            if self.moe is not None:
+            if self.moe is not None and is_module(cell):
+                self.warn_once(
+                    "moe torch",
+                    "moe: the routers of MindNLP (mindtorch) models are not followed yet; no "
+                    "moe/... series are recorded; training goes on",
+                )
+            elif self.moe is not None:
                 self.routers = router_modules(network_paths(cell))
                 if not self.routers:
                     self.warn_once(

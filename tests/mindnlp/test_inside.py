@@ -386,11 +386,11 @@ def test_attention_rule_names_the_module_whose_logits_grow(tmp_path):
 
 
 def test_what_cannot_be_recorded_is_said_once(tmp_path):
-    """``act_grad`` (mindtorch runs no module backward hook), a named module that
-    computes no attention (Llama's MLP), a pattern naming nothing: one warning each; the
-    rest is recorded."""
+    """``act_grad`` (mindtorch runs no module backward hook), ``moe`` (routers of mindtorch
+    models not followed), a named module that computes no attention (Llama's MLP), a
+    pattern naming nothing: one warning each; the rest is recorded."""
     model = llama("sdpa")
-    track = [*CORE_METRICS, "activations", "act_grad", "attention"]
+    track = [*CORE_METRICS, "activations", "act_grad", "attention", "moe"]
     cfg = dict(
         save_dir=str(tmp_path),
         log_interval=1,
@@ -408,7 +408,8 @@ def test_what_cannot_be_recorded_is_said_once(tmp_path):
         "attn/model.layers.0.self_attn",
     }
     ours = [str(w.message) for w in said if issubclass(w.category, MonitorWarning)]
-    assert len(ours) == 3, ours
+    assert len(ours) == 4, ours
+    assert any("routers of MindNLP (mindtorch) models are not followed" in m for m in ours)
     assert any("act_grad is not recorded for MindNLP" in m for m in ours), ours
     assert any("model.layers.0.mlp ran on a collected step" in m for m in ours), ours
     assert any("'^nothing$' names no module" in m for m in ours), ours
