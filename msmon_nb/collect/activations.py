@@ -31,6 +31,16 @@ while a flag says the step is collected. Their network is the train cell, or the
 with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
 is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
 
+MindNLP models (transformers on ``mindtorch``, whose modules are no Cells): the
+network is the first mindtorch module called in a collected step's forward pass
+(``collect.torchmodules``' root hook), its modules are its ``named_modules()`` and the
+default is again the leaves of its parameter tree; the same forward hooks (mindtorch's
+``register_forward_hook``) keep the outputs. ``act_grad`` is not recorded there: mindtorch
+0.5.1 runs no module backward hook (``_call_impl`` has that code commented out) and its
+``Tensor.register_hook`` raises (it reads a ``_data`` the tensor lacks), so there is no
+safe way to see an output's gradient; one warning says so. Attention there is
+``collect.torchattn``'s.
+
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
 attention modules of the same network (``collect.attnform``: every
 ``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
@@ -51,6 +61,11 @@ from msmon_nb.collect.attnsoftmax import is_softmax_form
 from msmon_nb.collect.hooks import closure_filled, is_optimizer
 from msmon_nb.collect.moe import RouterHooks, router_modules
 from msmon_nb.collect.tensors import flatten_tensors, to_numpy
+from msmon_nb.collect.torchattn import TorchAttention
+from msmon_nb.collect.torchattn import attention_modules as torch_attention_modules
+from msmon_nb.collect.torchmodules import RootHook, is_leaf_holder, is_module
+from msmon_nb.collect.torchmodules import module_class as torch_module_class
+from msmon_nb.collect.torchmodules import module_paths as torch_module_paths
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS, tensor_extent
 
@@ -98,14 +113,25 @@ def _leaf(cell: Any) -> bool:
     return not any(_own_params(sub) for _, sub in cell.cells_and_names() if sub is not cell)
 
 
+def network_paths(root: Any) -> list[tuple[str, Any]]:
+    """``[(path, module)]`` under ``root``: a Cell's (``module_paths``) or a mindtorch
+    module's (``torchmodules.module_paths``)."""
+    return torch_module_paths(root) if is_module(root) else module_paths(root)
+
+
 def select_modules(root: Any, targets: Sequence[str] | None) -> list[tuple[str, Any]]:
     """The modules ``targets`` selects under ``root`` (``module_targets``), each once,
-    in the tree's order; None: the default (the module docstring)."""
-    paths = module_paths(root)
+    in the tree's order; None: the default (the module docstring). ``root`` is a Cell or
+    a mindtorch module."""
+    paths = network_paths(root)
+    torch = is_module(root)
     seen: set[int] = set()
     chosen = []
     if targets is None:
-        leaves = [(path, cell) for path, cell in paths if _own_params(cell) and _leaf(cell)]
+        if torch:
+            leaves = [(path, m) for path, m in paths if is_leaf_holder(m)]
+        else:
+            leaves = [(path, cell) for path, cell in paths if _own_params(cell) and _leaf(cell)]
         if len(leaves) > DEFAULT_MODULES:
             last = len(leaves) - 1
             spread = range(DEFAULT_MODULES)
@@ -216,6 +242,7 @@ class Activations:
         attention: bool = False,
         attention_targets: Sequence[str] | None = None,
         moe: bool = False,
+        offer_module: Callable[[Any], None] | None = None,
     ) -> None:
         self.targets = None if targets is None else list(targets)
         self.grads = grads
@@ -223,6 +250,12 @@ class Activations:
         self.attention: AttentionHooks | None = AttentionHooks() if attention else None
         self.attention_targets = list(attention_targets or ())
         self.attn_modules: list[tuple[str, Any, Any]] = []  # (path, cell, attnform form)
+        # a mindtorch network's attention (collect.torchattn): (tag prefix, path, module)
+        self.torch_attn: TorchAttention | None = None
+        self.torch_attn_modules: list[tuple[str, str, Any]] = []
+        # the watch's judge of a mindtorch module call (collect.torchmodules.RootHook)
+        self.offer_module = offer_module
+        self.root_hook: RootHook | None = None
         self.moe: RouterHooks | None = RouterHooks() if moe else None
         self.routers: list[tuple[str, Any, int]] = []
         self.warn_once = warn_once
@@ -249,6 +282,8 @@ class Activations:
             return
         if self.root is None:
             self.wants_root = True
+            if self.offer_module is not None and torch_module_class() is not None:
+                self.root_hook = RootHook(self.offer_module)  # a MindNLP network, maybe
         else:
             self._hook()
 
@@ -257,13 +292,30 @@ class Activations:
         the network, whose modules are selected once and hooked now, before its own
         ``construct`` runs them."""
         self.wants_root = False
+        self._drop_root_hook()
         if self.root is None:
             self.root = cell
             self.modules = select_modules(cell, self.targets) if self.outputs else []
-            if self.attention is not None:
+            if self.attention is not None and is_module(cell):
+                self._torch_attention(cell)
+            elif self.attention is not None:
                 self.attn_modules = self._attention_modules(cell)
-            if self.moe is not None:
-                self.routers = router_modules(module_paths(cell))
+            if self.grads and is_module(cell):
+                self.grads = False
+                self.warn_once(
+                    "act_grad torch",
+                    "act_grad is not recorded for MindNLP (mindtorch) models: mindtorch 0.5 "
+                    "runs no module backward hook (and its Tensor.register_hook fails); "
+                    "act/... is recorded; training goes on",
+                )
+            if self.moe is not None and is_module(cell):
+                self.warn_once(
+                    "moe torch",
+                    "moe: the routers of MindNLP (mindtorch) models are not followed yet; no "
+                    "moe/... series are recorded; training goes on",
+                )
+            elif self.moe is not None:
+                self.routers = router_modules(network_paths(cell))
                 if not self.routers:
                     self.warn_once(
                         "moe none",
@@ -276,14 +328,37 @@ class Activations:
                     "activations none",
                     f"activations: module_targets {self.targets} select none of "
                     f"{type(cell).__name__}'s modules (e.g. "
-                    f"{[p for p, _ in module_paths(cell)][:5]}); nothing is recorded",
+                    f"{[p for p, _ in network_paths(cell)][:5]}); nothing is recorded",
                 )
         self._hook()
+
+    def _drop_root_hook(self) -> None:
+        if self.root_hook is not None:
+            self.root_hook.remove()
+            self.root_hook = None
+
+    def _torch_attention(self, root: Any) -> None:
+        """A mindtorch network's attention modules (``collect.torchattn``), found once;
+        none found, and each pattern naming none, warn once."""
+        found, problems = torch_attention_modules(network_paths(root), self.attention_targets)
+        for problem in problems:
+            self.warn_once(f"attention {problem}", f"{problem}; training goes on")
+        self.torch_attn = TorchAttention(self.warn_once)
+        self.torch_attn_modules = [(f"attn/{param_tag(p)}", p, m) for p, m in found]
+        if not found:
+            self.warn_once(
+                "attention none",
+                f"attention: {type(root).__name__} holds no attention module msmon "
+                "recognises (a module with query and key projections: query/key, q_proj/"
+                "k_proj..., or a packed qkv_proj/c_attn) and attention_targets names none; "
+                "no attn/... series are recorded",
+            )
 
     def _hook(self) -> None:
         for path, cell in self.modules:
             name = param_tag(path)
-            self.before.append((cell, *_hook_state(cell)))
+            if not is_module(cell):  # (mindtorch's handle.remove() leaves nothing behind)
+                self.before.append((cell, *_hook_state(cell)))
             self.handles.append(cell.register_forward_hook(self._forward(f"act/{name}")))
             if self.grads:
                 self.handles.append(cell.register_backward_hook(self._backward(f"act_grad/{name}")))
@@ -300,6 +375,8 @@ class Activations:
             self.before.append((gate, *_hook_state(gate)))
             hook = self.moe.hook(param_tag(path), k, self._count)
             self.handles.append(gate.register_forward_hook(hook))
+        if self.torch_attn is not None:
+            self.torch_attn.arm(self.torch_attn_modules, self._count)
 
     def _count(self) -> None:
         self.calls += 1
@@ -345,6 +422,9 @@ class Activations:
         for cell, state, primitives in reversed(self.before):
             _restore_hook_state(cell, state, primitives)
         self.before.clear()
+        if self.torch_attn is not None:
+            self.torch_attn.disarm()
+        self._drop_root_hook()
         self.wants_root = False
 
     def compiled_root(self, root: Any, reuse: Any = None) -> None:
@@ -454,6 +534,8 @@ class Activations:
                 )
             self.attention.called = 0
             self.attention.missed.clear()
+        if self.torch_attn is not None:
+            out.update(self.torch_attn.take())
         if self.moe is not None:
             out.update(self.moe.take())
         return out

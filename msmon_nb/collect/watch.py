@@ -171,7 +171,16 @@ class Watch:
                 attention=config.tracks("attention"),
                 attention_targets=config.attention_targets,
                 moe=config.tracks("moe"),
+                offer_module=self._offer_module,
             )
+
+    def _offer_module(self, module: Any) -> None:
+        """A mindtorch module is called while a collected step waits for its network
+        (``collect.torchmodules.RootHook``): the first one inside its forward pass is it,
+        as ``_cell_hook`` takes a Cell's."""
+        acts = self.acts
+        if acts is not None and acts.wants_root and self._wants_root():
+            self._guard(acts.see, module)
 
     def _reset(self) -> None:
         self.loss: Any = None
