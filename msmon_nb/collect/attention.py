@@ -27,7 +27,7 @@ called again, its Parameters only read. A step not collected runs no hook of our
 
 ``max_logit`` is the largest scaled logit among the positions the masks let through
 (a masked position's logit is never attended to: a bool mask's True, an additive mask of
--inf or at most ``CLOSED``, -10000); ``entropy`` is the mean, over batch,
+-inf or at most ``metrics.logits.CLOSED``, -10000); ``entropy`` is the mean, over batch,
 heads and queries, of the entropy (nats) of the softmax rows the module computes
 (additive float masks included). ``max_logit`` is signed: the largest logit, not the
 largest magnitude, since a very negative logit only silences a key.
@@ -58,12 +58,9 @@ from msmon_nb.collect.attnsoftmax import (
     softmax_modules,
 )
 from msmon_nb.collect.tensors import to_numpy
+from msmon_nb.metrics.logits import logit_signals
 
 ATTN_STATS = ("max_logit", "entropy")
-# an additive mask at or below this marks a position not attended (for max_logit): -inf,
-# BERT's -10000 and the float-min masks of HF-style models alike (exp(-10000) is 0 in
-# any float type)
-CLOSED = -1e4
 
 
 def is_attention(cell: Any) -> bool:
@@ -166,18 +163,7 @@ def signals(snap: Snapshot) -> dict[str, float]:
         extra += 1
     logits = (q @ k.swapaxes(-1, -2)) / math.sqrt(dim)  # (N, H, L, S)
     mask = _additive_mask(snap, batch, heads, length, logits.shape[-1], extra, batched)
-    shown = logits + mask
-    open_ = mask > CLOSED
-    # like max_abs, a NaN is reported, never skipped
-    bad = np.isnan(logits).any() or not open_.any()
-    top = math.nan if bad else float(np.max(logits[open_]))
-    peak = np.max(shown, axis=-1, keepdims=True)
-    weights = np.exp(shown - peak)
-    weights /= weights.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(weights > 0, weights * np.log(weights), 0.0)
-    entropy = float(np.mean(-terms.sum(axis=-1)))
-    return {"max_logit": top, "entropy": entropy}
+    return logit_signals(logits, mask)
 
 
 def _as_additive(mask: np.ndarray) -> np.ndarray:

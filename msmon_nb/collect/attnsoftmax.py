@@ -25,13 +25,14 @@ collected runs the module untouched; the module is never called again; nothing i
 
 The signals, on the scores as given (float64, after the step): ``max_logit`` is the largest
 score the masks let through and ``entropy`` the mean over batch, heads and queries of the
-entropy (nats) of the softmax rows. The masks are already added: a score at or below
-``OPEN_ABOVE`` (-5000) is taken as a masked position. An additive mask of -10000 (MindFormers'
-``LowerTriangularMaskWithDynamic``, GLM2's ``mask * -10000``), -inf or float-min lands a
-masked position within a logit's size of -10000 or below, an open one (mask 0) keeps its
-logit exactly, so the cut half way gives ``collect.attention``'s semantics (a mask <= -10000
-is masked) exactly while logits stay under 5000 in magnitude; an additive position bias
-that is not a mask (ALiBi) stays in the score. A call with no open position gives NaN.
+entropy (nats) of the softmax rows, as ``metrics.logits`` defines them for a softmax input:
+the masks are already added, so a score at or below its ``ADDED_CLOSED`` (-5000) is a masked
+position. An additive mask of -10000 (MindFormers' ``LowerTriangularMaskWithDynamic``,
+GLM2's ``mask * -10000``), -inf or float-min lands a masked position within a logit's size
+of -10000 or below, an open one (mask 0) keeps its logit exactly, so the cut half way gives
+``collect.attention``'s semantics (a mask <= -10000 is masked) exactly while logits stay
+under 5000 in magnitude; an additive position bias that is not a mask (ALiBi) stays in the
+score. A call with no open position gives NaN.
 
 Compiled steps (``@ms.jit``, GRAPH_MODE train cells, ``Model.train`` in graph mode) run no
 Python inside the module, so nothing is recorded for these modules there: one warning names
@@ -40,7 +41,6 @@ them and says to collect in PyNative (``activations.Activations.compiled_root``)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +48,8 @@ from typing import Any
 import numpy as np
 
 from msmon_nb.collect.tensors import to_numpy
+from msmon_nb.metrics.logits import logit_signals
 
-# a softmax input at or below this is a masked position (see the module doc): half way
-# between an open logit and one carrying an additive mask of -10000
-OPEN_ABOVE = -5e3
 SOFTMAX_CLASSES = ("Softmax",)
 MATMUL_CLASSES = ("BatchMatMul", "MatMul")
 
@@ -175,18 +173,5 @@ class SoftmaxCapture:
 
 def score_signals(scores: np.ndarray) -> dict[str, float]:
     """``{max_logit, entropy}`` of one softmax call's input (last axis: the keys), in
-    float64 (the module doc)."""
-    shown = scores.astype(np.float64)
-    open_ = shown > OPEN_ABOVE
-    bad = bool(np.isnan(shown).any()) or not bool(open_.any())
-    top = math.nan if bad else float(np.max(shown[open_]))
-    # a row's entropy is log Z - sum(e * x) / Z over its shifted scores x (e = exp x, Z =
-    # sum e): one exp over the scores, no log (the scores can be many: heads x L x S)
-    with np.errstate(invalid="ignore"):
-        shown -= np.max(shown, axis=-1, keepdims=True)
-    weights = np.exp(shown)
-    total = weights.sum(axis=-1)
-    with np.errstate(invalid="ignore"):
-        spent = np.where(weights > 0, weights * shown, 0.0).sum(axis=-1)
-        entropy = float(np.mean(np.log(total) - spent / total))
-    return {"max_logit": top, "entropy": entropy}
+    float64, the masks already added (``metrics.logits``)."""
+    return logit_signals(scores.astype(np.float64))

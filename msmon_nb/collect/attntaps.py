@@ -28,8 +28,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from msmon_nb.collect.attention import CLOSED
 from msmon_nb.collect.attnform import AttentionForm
+from msmon_nb.metrics.logits import CLOSED
 
 _ONE = Tensor(1, ms.int32)
 _ZERO = Tensor(0, ms.int32)

@@ -25,15 +25,16 @@ module's call they only pass through, and a step that is not collected has no wr
   top-left lower triangle, ``scale`` defaults to 1/sqrt(head_dim), fewer key heads are
   repeated to the query's). The logits are recomputed from that query and key in
   float64: ``max_logit`` is the largest over the positions the masks let through
-  (a mask value at or below ``attention.CLOSED`` or -inf masks a position), ``entropy``
+  (a mask value at or below ``metrics.logits.CLOSED`` or -inf masks a position), ``entropy``
   the mean over batch, heads and queries of the softmax rows' entropy (nats), masks added.
   A softmax inside the sdpa call (mindtorch's own CPU sdpa is written with one) is not
   taken a second time.
 * eager: the softmax input itself (float32 as the module computed it), in which the
   additive mask is already included. ``entropy`` is the softmax rows' entropy of exactly
-  that input; ``max_logit`` is the largest entry above ``CLOSED``: with the masks
-  transformers builds (0 where attended, the dtype's minimum, -inf or -10000 where not)
-  those are the attended positions, unless a logit itself were below -10000.
+  that input; ``max_logit`` is the largest entry above ``metrics.logits.ADDED_CLOSED``
+  (-5000): with the masks transformers builds (0 where attended, the dtype's minimum,
+  -inf or -10000 where not) those are the attended positions while logits stay under
+  5000 in magnitude.
 
 Found by structure (``attention_modules``): every module whose own children include a
 query and a key projection (``query``/``key`` as BERT's, ``q_proj``/``k_proj`` as Llama's,
@@ -59,10 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from msmon_nb.collect.attention import CLOSED
 from msmon_nb.collect.attnform import K_NAMES, Q_NAMES
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.tensors import to_numpy
+from msmon_nb.metrics.logits import logit_signals
 
 # a child holding the query, key and value projections in one weight
 PACKED = ("qkv_proj", "qkv", "c_attn", "query_key_value", "Wqkv", "W_pack")
@@ -163,27 +164,6 @@ def sdpa_logits(call: SdpaCall) -> np.ndarray:
         key = np.repeat(key, query.shape[1] // key.shape[1], axis=1)
     scale = call.scale if call.scale is not None else 1.0 / math.sqrt(query.shape[-1])
     return (query @ key.swapaxes(-1, -2)) * scale
-
-
-def logit_signals(logits: np.ndarray, mask: np.ndarray | None) -> dict[str, float]:
-    """``{max_logit, entropy}`` of float64 ``logits`` under the additive ``mask`` (None:
-    already added, an eager softmax input; module doc)."""
-    if mask is None:
-        shown, open_ = logits, logits > CLOSED
-    else:
-        shown = logits + mask
-        open_ = np.broadcast_to(mask > CLOSED, shown.shape)
-    # like max_abs, a NaN is reported, never skipped
-    bad = np.isnan(logits).any() or not open_.any()
-    top = math.nan if bad else float(np.max(np.broadcast_to(logits, shown.shape)[open_]))
-    peak = np.max(shown, axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        weights = np.exp(shown - peak)
-        weights /= weights.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(weights > 0, weights * np.log(weights), 0.0)
-    entropy = float(np.mean(-terms.sum(axis=-1)))
-    return {"max_logit": top, "entropy": entropy}
 
 
 def signals(seen: Logits | SdpaCall) -> dict[str, float]:
