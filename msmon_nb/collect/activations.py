@@ -323,12 +323,21 @@ class Activations:
         """A compiled step failed compiling a tap of ours (``tapguard``), and its classes
         are back: no graph of this watch taps them again, nothing stale is read."""
         self.failed = True
+        if self.graph is not None:
+            self.graph.end()
         self.graph = None
+
+    def switched(self) -> bool:
+        """Whether this step's graph call must run with the classes swapped in, keyed
+        apart (``GraphActivations.begin``): a collected step, a switched graph."""
+        graph = self.graph
+        return self.collecting and graph is not None and graph.switched
 
     def close(self) -> None:
         """The watch ends: hooks off, swapped classes back."""
         self.disarm()
         if self.graph is not None:
+            self.graph.end()
             self.graph.uninstall()
 
     def disarm(self) -> None:
@@ -341,11 +350,14 @@ class Activations:
         self.before.clear()
         self.wants_root = False
 
-    def compiled_root(self, root: Any, reuse: Any = None) -> None:
+    def compiled_root(self, root: Any, reuse: Any = None, switched: bool = False) -> None:
         """A compiled step is about to run (compile, the first time) with ``root`` as its
-        network: its selected modules' classes are swapped for tapped ones, once.
-        ``reuse``: the ``GraphActivations`` a graph of ``root`` was compiled with (an
-        earlier ``Model.train`` call's), whose classes go on again."""
+        network: its selected modules' tapped classes are made, once. ``switched``: the
+        loop's collected steps can run a graph of their own (``collect.recompile`` keys
+        it apart), so the classes go on only around those (``collecting``); else they go
+        on now, for the watch, and compute while a flag says so. ``reuse``: the
+        ``GraphActivations`` a graph of ``root`` was compiled with (an earlier
+        ``Model.train`` call's), whose classes serve again."""
         self.wants_root = False
         if self.graph is not None or root is None or self.failed:
             return
@@ -359,7 +371,8 @@ class Activations:
             return
         if reuse is not None:
             self.graph = reuse
-            reuse.install()
+            if not reuse.switched:
+                reuse.install()
             reuse.set_collect(self.collecting)
             return
         from msmon_nb.collect.acttaps import GraphActivations
@@ -370,7 +383,7 @@ class Activations:
         attn = self._attention_modules(root) if self.attention is not None else []
         if not modules and not attn:
             return
-        self.graph = GraphActivations(modules, attn)
+        self.graph = GraphActivations(modules, attn, switched)
         self.graph.set_collect(self.collecting)
         if self.grads:
             self.warn_once(
