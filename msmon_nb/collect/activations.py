@@ -26,8 +26,8 @@ unchanged. A module called more than once in a step (accumulation's micro-batche
 shared layer) is recorded at its first call.
 
 Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there
-the statistics are compiled into the step's graph (``collect.acttaps``), computed only
-while a flag says the step is collected. Their network is the train cell, or the cell
+the statistics are compiled into a graph of the step's own that only collected steps
+run (``collect.acttaps``); the other steps run the graph without them. Their network is the train cell, or the cell
 with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
 is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
 
@@ -35,7 +35,7 @@ is not recorded inside graphs, nor in ``Model.train``'s callback: one warning sa
 attention modules of the same network (``collect.attnform``: every
 ``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
 steps, and come off with these; in compiled steps their signals are compiled in beside
-the activations' (``collect.attntaps``, the same flag). So does ``moe`` (``collect.moe``:
+the activations' (``collect.attntaps``, the same graph). So does ``moe`` (``collect.moe``:
 the routers' gates), in PyNative steps only. ``outputs`` False (``attention`` or ``moe``
 without ``activations``) records only those.
 """

@@ -1,33 +1,32 @@
-"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells): each
-selected module's output summarised in the graph, on collected steps only.
+"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells,
+``Model.train``): each selected module's output summarised in the graph, on collected
+steps only.
 
 No Python hook runs inside a graph, so the statistics are compiled into it, the way the
-optimizer tap (``collect.graph``) compiles the gradient norm: each selected module's
-class is swapped, for the watch's lifetime, for a subclass whose ``construct`` runs the
-original (called as a bound method, as ``collect.graph._tapped`` calls an optimizer's),
-then, while the ``on`` flag is 1, assigns ``[norm, max_abs, mean, nonfinite, zero_frac]``
-of the output (``metrics.extent.ACT_STATS``) to a Parameter of ours and passes the output
-on unchanged (``ops.depend`` on a scalar token, as the optimizer tap does: the output's
-own value never goes through a branch). The flag is written in place before each step
-(``graph.write_scalar``): on a step that is not collected the branch computes nothing.
+optimizer tap (``collect.graph``) compiles the gradient norm: each selected module gets a
+subclass of its class whose ``construct`` runs the original (called as a bound method, as
+``collect.graph._tapped`` calls an optimizer's), assigns ``[norm, max_abs, mean,
+nonfinite, zero_frac]`` of the output (``metrics.extent.ACT_STATS``) to a Parameter of
+ours, and passes the output on unchanged (``ops.depend`` on a scalar token, as the
+optimizer tap does).
+
+Two graphs, chosen per step by the collect decision: the tapped classes go on only
+around a collected step's graph call (``begin``/``end``), and ``collect.recompile``
+keys what compiles then under a phase of its own (``ACT_SUFFIX``); there they compute
+unconditionally. Every other step runs the graph compiled with the user's classes --
+exactly the one that runs without activations (the core taps only). Each graph compiles
+once and stays cached until the watch ends (a ``Model.train`` callback keeps both on the
+cell until its monitor closes). Where no graph can be keyed apart (sink mode, a MindSpore
+without the keys), the classes stay on for the watch and compute under a branch on the
+``on`` flag, written before each step (``graph.write_scalar``), as before.
 
 The statistics are reduced in float64 on the CPU (its kernels take it), so that they
 match a float64 reference up to summation order; float32 elsewhere. A class swap leaves
 the cell tree, the Parameters and their names as they were (a wrapper cell would rename
-``parameters_and_names()``, which checkpoints use); ``uninstall`` swaps the classes back.
-Which graphs compile with the swapped classes, and that they are dropped after, is
-``collect.recompile``'s business: they hold the optimizer tap too, and our Parameters
-are named ``msmon_*``.
+``parameters_and_names()``, which checkpoints use); ``end``/``uninstall`` swap the
+classes back. Our Parameters are named ``msmon_*``.
 
-Cost, not yet what it should be: the branch itself slows every step, collected or not.
-``Model.train`` of the bench MLP (784-512-512-10, Adam, GRAPH_MODE, 2.10, three Dense
-layers tapped, 8 rounds on a loaded 2-core VM): plain 9.2 ms a step; taps in, flag never
-set 11.5 ms (1.19x); flag always set 20.8 ms in float64, 16.2 ms in float32.
-``bench/overhead.py --only activations``: every 10th step 1.18x the core monitor (IQR
-1.00-1.34). The ops are few and small, so launch overhead and the control flow inside a
-differentiated forward pass are the likely cost; compiling the step twice (with and
-without the taps) and choosing the graph by the collect decision, instead of branching
-inside one, would leave steps that are not collected exactly the plain graph.
+Cost: COST_PLACEHOLDER
 """
 
 from __future__ import annotations

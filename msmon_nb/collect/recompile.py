@@ -33,6 +33,13 @@ one place that every way in uses:
   for the taps (a train cell run in GRAPH_MODE keeps its graphs in its own
   ``compile_cache``) are dropped again, so nothing of ours stays in a user's graph.
 
+* Activations and attention (``collect.acttaps``) get a graph of their own: while a
+  collected step's graph call runs with their classes swapped in, ``variant`` is
+  ``ACT_SUFFIX`` and every jit function compiled then, and every prepared or varied
+  train cell (``vary_cell``: a ``Model.train`` callback's), gets ``ACT_SUFFIX + SUFFIX``
+  after its phase; the other steps keep the graph without them. Being ours, those
+  phases end with SUFFIX and are dropped with the rest.
+
 MindSpore 2.7.1 and 2.10 both key jit graphs this way (``compile(self, method_name,
 *args, **kwargs)`` returning the phase, ``_cell_cache_key_extend``, ``ms_compile_cache``,
 the graph executor's ``get_params`` and ``del_net_res``); each piece is looked up.

@@ -11,8 +11,11 @@ them): each step's graph phase, the Parameters that graph holds (MindSpore's
 
 from __future__ import annotations
 
+import warnings
+
 import mindspore as ms
 import mindspore.dataset as mds
+import numpy as np
 import pytest
 from mindspore import nn
 from mindspore.train import Model
@@ -20,6 +23,8 @@ from mindspore.train import Model
 from msmon_nb.collect.hooks import jit_api
 from msmon_nb.collect.recompile import ACT_SUFFIX, SUFFIX, graph_params
 from msmon_nb.config import CORE_METRICS
+from msmon_nb.config.checks import MonitorWarning
+from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from tests.collect.test_activations import EVERY, STEPS, build, compiled_loop
 from tests.support import tiny
@@ -122,3 +127,74 @@ def test_model_train_steps_not_collected_run_the_graph_without_them(tmp_path, mo
         ms.set_context(mode=ms.PYNATIVE_MODE)
     seen.check([s % EVERY == 0 for s in range(1, STEPS + 1)])  # steps 3 and 6
     assert graph.computed() == 2 * 2 and graph.reads == 2
+
+
+class Paired(nn.Cell):
+    """A module whose output's first element is a pair: its activation tap cannot
+    compile (a real fault, not a mock), the rest of the step can."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 16)
+
+    def construct(self, x):
+        y = self.fc(x)
+        return (y, y), y
+
+
+class OddNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        ms.set_seed(0)
+        self.pair = Paired()
+        self.out = nn.Dense(16, 3)
+
+    def construct(self, x):
+        return self.out(self.pair(x)[1])
+
+
+def odd_loop():
+    net = OddNet()
+    opt = nn.Adam(net.trainable_params(), learning_rate=0.01)
+    loss_fn = tiny.loss_fn()
+
+    def forward(a, c):
+        return loss_fn(net(a), c)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    @ms.jit
+    def step(a, c):
+        loss, g = grad_fn(a, c)
+        opt(g)
+        return loss
+
+    return opt, step
+
+
+def test_a_tap_that_cannot_compile_leaves_the_core_graph(tmp_path):
+    """The collected steps' graph fails to compile: one warning, the step runs the graph
+    the others run, grad_norm is still recorded, training is the twin's."""
+    x, y = tiny.data()
+    batches = list(tiny.batches(x, y, steps=STEPS))
+    opt, step = odd_loop()
+    track = [*CORE_METRICS, "activations"]
+    cfg = dict(save_dir=str(tmp_path), log_interval=EVERY, track_metrics=track,
+               module_targets=["^pair$"])  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Monitor(**cfg) as mon, mon.watch():
+            for a, c in batches:
+                step(a, c)
+    said = [str(w.message) for w in caught if issubclass(w.category, MonitorWarning)]
+    assert sum("activation/attention taps" in m for m in said) == 1, said
+    assert not any("grad_norm/lr tap" in m for m in said), said
+    run = load_run(mon.run_dir)
+    assert run.scalars("train/grad_norm").steps.tolist() == [0, 3, 6]
+    assert not [t for t in run.tags() if t.startswith("act/")]
+    twin_opt, twin_step = odd_loop()
+    for a, c in batches:
+        twin_step(a, c)
+    want = [p.asnumpy() for p in twin_opt.parameters]
+    for got, expected in zip([p.asnumpy() for p in opt.parameters], want, strict=True):
+        np.testing.assert_array_equal(got, expected)
