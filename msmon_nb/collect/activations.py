@@ -25,11 +25,12 @@ when the step has ended. A hook returns None: the output and the gradient flow o
 unchanged. A module called more than once in a step (accumulation's micro-batches, a
 shared layer) is recorded at its first call.
 
-Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there
-the statistics are compiled into a graph of the step's own that only collected steps
-run (``collect.acttaps``); the other steps run the graph without them. Their network is the train cell, or the cell
-with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
-is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
+Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there the
+statistics are compiled into a graph of the step's own that only collected steps run
+(``collect.acttaps``); the other steps run the graph without them. Their network is the
+train cell, or the cell with the most parameters that the jit step refers to
+(``compiled_root``). ``act_grad`` is not recorded inside graphs, nor in
+``Model.train``'s callback: one warning says so.
 
 ``attention`` (``collect.attention``) rides on the same arming: its hooks go on the
 attention modules of the same network (``collect.attnform``: every

@@ -4,14 +4,15 @@ on collected steps only.
 
 The way ``collect.acttaps`` taps activations: the module's class is swapped, around the
 collected steps' graph call (a graph keyed apart; where none can be, for the watch's
-lifetime, under the ``on`` flag), for a subclass whose ``construct`` runs the original (a
-bound method, with the arguments it was given) and then recomputes the module's logits from the same inputs and its own query/key weights -- the arithmetic of
+lifetime, under the ``on`` flag), for a subclass whose ``construct`` runs the original
+(a bound method, with the arguments it was given) and then recomputes the module's
+logits from the same inputs and its own query/key weights -- the arithmetic of
 ``collect.attention.signals``, in graph syntax -- and assigns ``[max_logit, entropy,
 serial]`` to a Parameter of ours. The output goes on unchanged (``ops.depend`` on a
 scalar token); the inputs and weights enter the computation through ``stop_gradient``,
 so the backward pass is the one the module had. A step that is not collected runs a
-graph without any of it. Where the module appears (``attnform.AttentionForm``) is decided on the host;
-each module gets its own class, its constants closed over.
+graph without any of it. Where the module appears (``attnform.AttentionForm``) is
+decided on the host; each module gets its own class, its constants closed over.
 
 Which weights: the ones the module's forward read, before the optimizer in the same
 graph writes them (MindSpore orders a Parameter's reads before a later write in program
