@@ -668,7 +668,10 @@ class Watch:
                 def warn(message: str) -> None:
                     self.monitor.warn_once("acts failed", message)
 
-                return run_collected(plain, acts.graph, keyer, acts.tap_failed, warn, where)
+                graph = acts.graph  # None once they failed (a retry below runs then)
+                if graph is None:
+                    return plain()
+                return run_collected(plain, graph, keyer, acts.tap_failed, warn, where)
 
         taps = TapSet(self.tap, acts.graph if acts is not None else None)
         if not taps.installed and keyer is None:
