@@ -25,11 +25,12 @@ when the step has ended. A hook returns None: the output and the gradient flow o
 unchanged. A module called more than once in a step (accumulation's micro-batches, a
 shared layer) is recorded at its first call.
 
-Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there
-the statistics are compiled into the step's graph (``collect.acttaps``), computed only
-while a flag says the step is collected. Their network is the train cell, or the cell
-with the most parameters that the jit step refers to (``compiled_root``). ``act_grad``
-is not recorded inside graphs, nor in ``Model.train``'s callback: one warning says so.
+Compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells) run no Python hook: there the
+statistics are compiled into a graph of the step's own that only collected steps run
+(``collect.acttaps``); the other steps run the graph without them. Their network is the
+train cell, or the cell with the most parameters that the jit step refers to
+(``compiled_root``). ``act_grad`` is not recorded inside graphs, nor in
+``Model.train``'s callback: one warning says so.
 
 MindNLP models (transformers on ``mindtorch``, whose modules are no Cells): the
 network is the first mindtorch module called in a collected step's forward pass
@@ -45,7 +46,7 @@ safe way to see an output's gradient; one warning says so. Attention there is
 attention modules of the same network (``collect.attnform``: every
 ``nn.MultiheadAttention`` and what ``attention_targets`` names) on the same collected
 steps, and come off with these; in compiled steps their signals are compiled in beside
-the activations' (``collect.attntaps``, the same flag). So does ``moe`` (``collect.moe``:
+the activations' (``collect.attntaps``, the same graph). So does ``moe`` (``collect.moe``:
 the routers' gates), in PyNative steps only. ``outputs`` False (``attention`` or ``moe``
 without ``activations``) records only those.
 """
@@ -406,12 +407,21 @@ class Activations:
         """A compiled step failed compiling a tap of ours (``tapguard``), and its classes
         are back: no graph of this watch taps them again, nothing stale is read."""
         self.failed = True
+        if self.graph is not None:
+            self.graph.end()
         self.graph = None
+
+    def switched(self) -> bool:
+        """Whether this step's graph call must run with the classes swapped in, keyed
+        apart (``GraphActivations.begin``): a collected step, a switched graph."""
+        graph = self.graph
+        return self.collecting and graph is not None and graph.switched
 
     def close(self) -> None:
         """The watch ends: hooks off, swapped classes back."""
         self.disarm()
         if self.graph is not None:
+            self.graph.end()
             self.graph.uninstall()
 
     def disarm(self) -> None:
@@ -427,11 +437,14 @@ class Activations:
         self._drop_root_hook()
         self.wants_root = False
 
-    def compiled_root(self, root: Any, reuse: Any = None) -> None:
+    def compiled_root(self, root: Any, reuse: Any = None, switched: bool = False) -> None:
         """A compiled step is about to run (compile, the first time) with ``root`` as its
-        network: its selected modules' classes are swapped for tapped ones, once.
-        ``reuse``: the ``GraphActivations`` a graph of ``root`` was compiled with (an
-        earlier ``Model.train`` call's), whose classes go on again."""
+        network: its selected modules' tapped classes are made, once. ``switched``: the
+        loop's collected steps can run a graph of their own (``collect.recompile`` keys
+        it apart), so the classes go on only around those (``collecting``); else they go
+        on now, for the watch, and compute while a flag says so. ``reuse``: the
+        ``GraphActivations`` a graph of ``root`` was compiled with (an earlier
+        ``Model.train`` call's), whose classes serve again."""
         self.wants_root = False
         if self.graph is not None or root is None or self.failed:
             return
@@ -445,7 +458,8 @@ class Activations:
             return
         if reuse is not None:
             self.graph = reuse
-            reuse.install()
+            if not reuse.switched:
+                reuse.install()
             reuse.set_collect(self.collecting)
             return
         from msmon_nb.collect.acttaps import GraphActivations
@@ -458,7 +472,7 @@ class Activations:
         attn = [item for item in attn if not is_softmax_form(item[2])]
         if not modules and not attn:
             return
-        self.graph = GraphActivations(modules, attn)
+        self.graph = GraphActivations(modules, attn, switched)
         self.graph.set_collect(self.collecting)
         if self.grads:
             self.warn_once(

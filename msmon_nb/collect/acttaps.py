@@ -1,39 +1,45 @@
-"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells): each
-selected module's output summarised in the graph, on collected steps only.
+"""Activations inside compiled steps (``@ms.jit`` steps, GRAPH_MODE train cells,
+``Model.train``): each selected module's output summarised in the graph, on collected
+steps only.
 
 No Python hook runs inside a graph, so the statistics are compiled into it, the way the
-optimizer tap (``collect.graph``) compiles the gradient norm: each selected module's
-class is swapped, for the watch's lifetime, for a subclass whose ``construct`` runs the
-original (called as a bound method, as ``collect.graph._tapped`` calls an optimizer's),
-then, while the ``on`` flag is 1, assigns ``[norm, max_abs, mean, nonfinite, zero_frac]``
-of the output (``metrics.extent.ACT_STATS``) to a Parameter of ours and passes the output
-on unchanged (``ops.depend`` on a scalar token, as the optimizer tap does: the output's
-own value never goes through a branch). The flag is written in place before each step
-(``graph.write_scalar``): on a step that is not collected the branch computes nothing.
+optimizer tap (``collect.graph``) compiles the gradient norm: each selected module gets a
+subclass of its class whose ``construct`` runs the original (called as a bound method, as
+``collect.graph._tapped`` calls an optimizer's), assigns ``[norm, max_abs, mean,
+nonfinite, zero_frac]`` of the output (``metrics.extent.ACT_STATS``) to a Parameter of
+ours, and passes the output on unchanged (``ops.depend`` on a scalar token, as the
+optimizer tap does).
+
+Two graphs, chosen per step by the collect decision: the tapped classes go on only
+around a collected step's graph call (``begin``/``end``), and ``collect.recompile``
+keys what compiles then under a phase of its own (``ACT_SUFFIX``); there they compute
+unconditionally. Every other step runs the graph compiled with the user's classes --
+exactly the one that runs without activations (the core taps only). Each graph compiles
+once and stays cached until the watch ends (a ``Model.train`` callback keeps both on the
+cell until its monitor closes). Where no graph can be keyed apart (sink mode, a MindSpore
+without the keys), the classes stay on for the watch and compute under a branch on the
+``on`` flag, written before each step (``graph.write_scalar``), as before.
 
 The statistics are reduced in float64 on the CPU (its kernels take it), so that they
 match a float64 reference up to summation order; float32 elsewhere. A class swap leaves
 the cell tree, the Parameters and their names as they were (a wrapper cell would rename
-``parameters_and_names()``, which checkpoints use); ``uninstall`` swaps the classes back.
-Which graphs compile with the swapped classes, and that they are dropped after, is
-``collect.recompile``'s business: they hold the optimizer tap too, and our Parameters
-are named ``msmon_*``.
+``parameters_and_names()``, which checkpoints use); ``end``/``uninstall`` swap the
+classes back. Our Parameters are named ``msmon_*``.
 
-Cost, not yet what it should be: the branch itself slows every step, collected or not.
-``Model.train`` of the bench MLP (784-512-512-10, Adam, GRAPH_MODE, 2.10, three Dense
-layers tapped, 8 rounds on a loaded 2-core VM): plain 9.2 ms a step; taps in, flag never
-set 11.5 ms (1.19x); flag always set 20.8 ms in float64, 16.2 ms in float32.
-``bench/overhead.py --only activations``: every 10th step 1.18x the core monitor (IQR
-1.00-1.34). The ops are few and small, so launch overhead and the control flow inside a
-differentiated forward pass are the likely cost; compiling the step twice (with and
-without the taps) and choosing the graph by the collect decision, instead of branching
-inside one, would leave steps that are not collected exactly the plain graph.
+Cost, ``Model.train`` of the bench MLP (784-512-512-10, Adam, GRAPH_MODE, 2.10, three
+Dense layers tapped, every 10th step collected, 8 rounds rotated, 2-core VM at load 8-10):
+with the branch, 1.28x the core monitor in wall time [IQR 0.90-1.55], 1.29x in CPU time
+[IQR 0.91-1.54] (taps in, flag never set, had measured 1.19x the plain step); with the two
+graphs 0.99x [IQR 0.85-1.15] and 1.01x [IQR 0.95-1.18]. Steps not collected run exactly
+the graph without activations (``tests/collect/test_act_graphs.py`` checks the phase and
+the graph's Parameters); a collected step pays the statistics (float64 on the CPU).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import mindspore as ms
@@ -43,6 +49,7 @@ from mindspore import Parameter, Tensor, ops
 from msmon_nb.collect.attention import ATTN_STATS
 from msmon_nb.collect.attntaps import tapped_attention_class
 from msmon_nb.collect.graph import tap_scalar, write_scalar
+from msmon_nb.collect.recompile import ACT_SUFFIX
 from msmon_nb.collect.values import param_tag
 from msmon_nb.metrics.extent import ACT_STATS
 
@@ -62,11 +69,24 @@ def _stats(x: Any, wide: Any, serial: Any) -> Any:
     return ops.stack([norm, top, mean, bad, zero, ops.cast(serial, wide)])
 
 
-def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, wide: Any) -> type:
-    """A subclass of ``cls`` whose ``construct`` also stores its output's statistics."""
+def _tapped_class(
+    cls: type, store: Parameter, on: Parameter | None, count: Parameter, wide: Any
+) -> type:
+    """A subclass of ``cls`` whose ``construct`` also stores its output's statistics:
+    always (``on`` None: the graph compiled for collected steps only), or while ``on``
+    is 1."""
 
-    # MindSpore parses this function's source: plain graph syntax, closure variables
-    def construct(self, *inputs):
+    # MindSpore parses these functions' source: plain graph syntax, closure variables
+    def computing(self, *inputs):
+        out = self._msmon_act_inner(*inputs)
+        first = out[0] if isinstance(out, tuple) else out
+        # the count after this module's run goes with its statistics: the host takes a
+        # module's values only when that serial moved
+        serial = ops.assign_add(count, _ONE)
+        token = ops.depend(_ONE, ops.assign(store, _stats(first, wide, serial)))
+        return ops.depend(out, token)
+
+    def branching(self, *inputs):
         out = self._msmon_act_inner(*inputs)
         first = out[0] if isinstance(out, tuple) else out
         if on > 0:
@@ -79,24 +99,31 @@ def _tapped_class(cls: type, store: Parameter, on: Parameter, count: Parameter, 
             token = _ZERO
         return ops.depend(out, token)
 
+    construct = computing if on is None else branching
     body = {"construct": construct, "_msmon_act_inner": cls.construct, "_msmon_act_of": cls}
     return type(cls.__name__, (cls,), body)
 
 
 class GraphActivations:
-    """The swapped classes of one watch's selected modules, their Parameters and flag;
+    """The swapped classes of one watch's selected modules and their Parameters;
     ``attention``: the attention modules whose signals are computed too (``attntaps``),
-    under the same flag and count."""
+    with the same count. ``switched``: the classes compute unconditionally and go on
+    only around a collected step's graph call (``begin``/``end``), whose graph a
+    ``Recompiler`` keys apart; else they stay on and compute while the ``on`` flag is 1
+    (where no graph of this loop can be keyed apart)."""
 
     def __init__(
         self,
         modules: Sequence[tuple[str, Any]],
         attention: Sequence[tuple[str, Any, Any]] = (),
+        switched: bool = False,
     ) -> None:
         cpu = ms.get_context("device_target") == "CPU"
         self.dtype = np.float64 if cpu else np.float32
         wide = ms.float64 if cpu else ms.float32
-        self.on = tap_scalar("msmon_act_on", 0, ms.int32)
+        self.switched = switched
+        self.on = None if switched else tap_scalar("msmon_act_on", 0, ms.int32)
+        self._keyer: Any = None  # the Recompiler keying the graph between begin and end
         # statistics vectors the graphs computed: a module's branch adds 1 when it runs,
         # so that a test can count that steps not collected compute none
         self.count = tap_scalar("msmon_act_count", 0, ms.int32)
@@ -131,15 +158,46 @@ class GraphActivations:
             original = held[-1] if held else type(cell)
             tapped = tapped_attention_class(original, form, store, self.on, self.count, wide)
             self.swapped.append((cell, original, tapped))
-        self.install()
+        if not switched:
+            self.install()
         self.reads = 0  # collected steps read
         self.serials: dict[str, float] = {}  # prefix -> the serial its values had last read
 
     def set_collect(self, collect: bool) -> None:
-        """Compute the statistics in the coming graph runs or not (a write on a change)."""
+        """Compute the statistics in the coming graph runs or not (a write on a change;
+        switched: nothing to write, ``begin`` puts the classes on)."""
         if collect != self._on:
-            write_scalar(self.on, int(collect))
+            if self.on is not None:
+                write_scalar(self.on, int(collect))
             self._on = collect
+
+    def begin(self, keyer: Any) -> None:
+        """A collected step's graph call begins (switched): the tapped classes go on and
+        ``keyer`` (a ``collect.recompile.Recompiler``) keys what compiles now apart, under
+        ``ACT_SUFFIX``. Each graph compiles once: later collected steps find it cached."""
+        if not self.switched or self._keyer is not None:
+            return
+        keyer.variant = ACT_SUFFIX
+        self._keyer = keyer
+        self.install()
+
+    def end(self) -> None:
+        """The collected step's graph call ended: the user's classes are back, and the
+        next steps run the graph compiled without them."""
+        keyer, self._keyer = self._keyer, None
+        if keyer is None:
+            return
+        self.uninstall()
+        keyer.variant = ""
+
+    @contextmanager
+    def collecting(self, keyer: Any) -> Iterator[None]:
+        """``begin`` and ``end`` around a block."""
+        self.begin(keyer)
+        try:
+            yield
+        finally:
+            self.end()
 
     def take(self) -> dict[str, float]:
         """The last collected run's ``{tag: value}`` (read after the step: ``asnumpy``

@@ -2,16 +2,17 @@
 ``Model.train``): each attention module's max logit and entropy computed in the graph,
 on collected steps only.
 
-The way ``collect.acttaps`` taps activations: the module's class is swapped, for the
-watch's lifetime, for a subclass whose ``construct`` runs the original (a bound method,
-with the arguments it was given) and then, while the ``on`` flag is 1, recomputes the
-module's logits from the same inputs and its own query/key weights -- the arithmetic of
+The way ``collect.acttaps`` taps activations: the module's class is swapped, around the
+collected steps' graph call (a graph keyed apart; where none can be, for the watch's
+lifetime, under the ``on`` flag), for a subclass whose ``construct`` runs the original
+(a bound method, with the arguments it was given) and then recomputes the module's
+logits from the same inputs and its own query/key weights -- the arithmetic of
 ``collect.attention.signals``, in graph syntax -- and assigns ``[max_logit, entropy,
 serial]`` to a Parameter of ours. The output goes on unchanged (``ops.depend`` on a
 scalar token); the inputs and weights enter the computation through ``stop_gradient``,
-so the backward pass is the one the module had. A step that is not collected computes
-nothing. Where the module appears (``attnform.AttentionForm``) is decided on the host;
-each module gets its own class, its constants closed over.
+so the backward pass is the one the module had. A step that is not collected runs a
+graph without any of it. Where the module appears (``attnform.AttentionForm``) is
+decided on the host; each module gets its own class, its constants closed over.
 
 Which weights: the ones the module's forward read, before the optimizer in the same
 graph writes them (MindSpore orders a Parameter's reads before a later write in program
@@ -144,17 +145,37 @@ def graph_signals(form: AttentionForm, wide: Any) -> Any:
 
 
 def tapped_attention_class(
-    cls: type, form: AttentionForm, store: Parameter, on: Parameter, count: Parameter, wide: Any
+    cls: type,
+    form: AttentionForm,
+    store: Parameter,
+    on: Parameter | None,
+    count: Parameter,
+    wide: Any,
 ) -> type:
     """A subclass of ``cls`` whose ``construct`` also stores the module's attention
-    signals and the count after them (the serial the host reads them by)."""
+    signals and the count after them (the serial the host reads them by): always
+    (``on`` None: the graph compiled for collected steps only), or while ``on`` is 1."""
     signals = graph_signals(form, wide)
     q_at, k_at = form.query, form.key if form.key is not None else (-2, "")
     pad_at = form.key_padding_mask if form.key_padding_mask is not None else (-2, "")
     mask_at = form.attn_mask if form.attn_mask is not None else (-2, "")
 
-    # MindSpore parses this function's source: plain graph syntax, closure variables
-    def construct(self, *args, **kwargs):
+    # MindSpore parses these functions' source: plain graph syntax, closure variables
+    def computing(self, *args, **kwargs):
+        out = self._msmon_attn_inner(*args, **kwargs)
+        query = _arg(args, kwargs, q_at[0], q_at[1])
+        key = _arg(args, kwargs, k_at[0], k_at[1])
+        if key is None:  # self-attention: the keys come from the query's input
+            key = query
+        pad = _arg(args, kwargs, pad_at[0], pad_at[1])
+        mask = _arg(args, kwargs, mask_at[0], mask_at[1])
+        serial = ops.assign_add(count, _ONE)
+        serial = ops.cast(ops.reshape(serial, (1,)), wide)
+        got = ops.concat((signals(query, key, pad, mask), serial))
+        token = ops.depend(_ONE, ops.assign(store, got))
+        return ops.depend(out, token)
+
+    def branching(self, *args, **kwargs):
         out = self._msmon_attn_inner(*args, **kwargs)
         if on > 0:
             query = _arg(args, kwargs, q_at[0], q_at[1])
@@ -171,5 +192,6 @@ def tapped_attention_class(
             token = _ZERO
         return ops.depend(out, token)
 
+    construct = computing if on is None else branching
     body = {"construct": construct, "_msmon_attn_inner": cls.construct, "_msmon_attn_of": cls}
     return type(cls.__name__, (cls,), body)

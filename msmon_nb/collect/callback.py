@@ -49,7 +49,14 @@ from msmon_nb.collect.graph import probe_host_writes
 from msmon_nb.collect.parts import Namer
 from msmon_nb.collect.recorder import StepInputs
 from msmon_nb.collect.several import attribute, optimizers_held, read_lrs, values_for
-from msmon_nb.collect.tapguard import TapSet, drop_compiled, run_unwrapped_on_failure
+from msmon_nb.collect.tapguard import (
+    ACTS_FAILED,
+    TapSet,
+    drop_compiled,
+    failed_in_our_wrapper,
+    first_line,
+    run_unwrapped_on_failure,
+)
 from msmon_nb.collect.tensors import to_float
 from msmon_nb.collect.values import cell_loss_scale, lr_in_graph, read_lr, unscale_received
 from msmon_nb.config import suggest_tag
@@ -104,6 +111,9 @@ class MonitorCallback(Callback):
         # without a buffer, a step that calls no optimizer skipped its update
         self._buffer: bool | None = None
         self.acts: Any = None  # collect.activations.Activations while activations are on
+        # the recompiler keying the graph of collected steps apart (switched activations)
+        self._keyer: Any = None
+        self._acts_compile = False  # that graph is compiled at the next collected step
         self._act_cells: list[Any] = []  # train cells compiled with activation taps
 
     def on_train_begin(self, run_context: Any) -> None:
@@ -121,8 +131,9 @@ class MonitorCallback(Callback):
         mon.guard("checking in-place writes", probe_host_writes)
         self._scaled = mon.guard("reading the loss scale", cell_loss_scale, network) is not None
         self._buffer = mon.guard("reading the train cell", holds_buffer, network)
-        mon.guard("tapping the activations", self._tap_activations, network)
         self._install_taps(network)
+        sink = bool(cb.get("dataset_sink_mode"))
+        mon.guard("tapping the activations", self._tap_activations, network, sink)
         self._gate_loss(network)
         mon.attached("Model.train callback")
         # no user code reads the monitor between steps: fast steps' scalars go in batches
@@ -131,14 +142,18 @@ class MonitorCallback(Callback):
         self._offset = 0 if mon.last_step is None else mon.last_step
         self._t_end = None
 
-    def _tap_activations(self, network: Any) -> None:
-        """``activations``: in GRAPH_MODE the train cell's selected modules are tapped
-        (``collect.acttaps``) and its compiled graph dropped, so that it compiles with
-        them -- unless that graph was compiled with the same selection's taps (an
-        earlier ``Model.train`` call's, kept on the cell as ``_msmon_acts``: their
-        Parameters and flag are the graph's), which are put on again, so that a loop of
-        ``model.train(1, ...)`` calls compiles once; in PyNative the hooks go on at each
-        collected step's begin."""
+    def _tap_activations(self, network: Any, sink: bool = False) -> None:
+        """``activations``: in GRAPH_MODE the train cell's selected modules get tapped
+        classes (``collect.acttaps``). Where the recompiler can key the cell's graph
+        compiled with them apart (``Recompiler.vary_cell``; not in sink mode, whose
+        graph runs several steps), they go on only around collected steps, which run
+        that graph; the other steps run the graph with the core taps only, which they
+        do not recompile. Else they go on for the call and compute while a flag says so,
+        and the cell's graph is dropped to compile with them. Either way, taps of the
+        same selection that a graph of the cell was compiled with (an earlier
+        ``Model.train`` call's, kept on the cell as ``_msmon_acts``: their Parameters
+        are the graph's) serve again, so that a loop of ``model.train(1, ...)`` calls
+        compiles once; in PyNative the hooks go on at each collected step's begin."""
         config = self.monitor.config
         if network is None or not any(config.tracks(m) for m in INSIDE_METRICS):
             return
@@ -152,21 +167,31 @@ class MonitorCallback(Callback):
             moe=config.tracks("moe"),
         )
         self.acts = acts
+        self._keyer = None
         if graph_mode():
+            tap = self.tap
+            if tap is not None and not sink and tap.recompiler.vary_cell(network):
+                self._keyer = tap.recompiler
+            switched = self._keyer is not None
             kept = getattr(network, "_msmon_acts", None)
-            # the selection a kept graph was compiled with: what it taps
+            # the selection a kept graph was compiled with: what it taps, and how
             targets = (
                 config.module_targets,
                 config.tracks("activations"),
                 config.attention_targets if config.tracks("attention") else False,
+                switched,
             )
             reuse = kept[1] if kept is not None and kept[0] == targets else None
-            acts.compiled_root(network, reuse)
+            acts.compiled_root(network, reuse, switched)
             if acts.graph is not None and reuse is None:
-                drop_compiled([network])
-                network._msmon_taps = None  # compile again, with the swapped classes
+                if kept is not None or not switched:
+                    # a graph compiled with other taps of ours, or one to compile with
+                    # these classes on: compiled again (with the core taps in force)
+                    drop_compiled([network])
+                    network._msmon_taps = self.tap
+                    self._compile_first = True
                 network._msmon_acts = (targets, acts.graph)
-                self._compile_first = True
+            self._acts_compile = switched
             if acts.graph is not None and not any(c is network for c in self._act_cells):
                 self._act_cells.append(network)
 
@@ -195,6 +220,8 @@ class MonitorCallback(Callback):
             mon.guard("arming the activations", acts.arm, self._collect)
             if self._collect and acts.graph is None and not acts.failed:  # PyNative: hooks
                 mon.guard("hooking the activations", acts.see, self.network)
+            if acts.switched() and self._keyer is not None:
+                mon.guard("switching the activations in", self._acts_in, run_context)
         if self._collect:
             held = self._held_optimizers()
             if len(held) > 1:  # each one's, should several step (collect.several)
@@ -205,10 +232,43 @@ class MonitorCallback(Callback):
             if self._scaled:
                 self._scale = mon.guard("reading the loss scale", cell_loss_scale, self.network)
 
+    def _acts_in(self, run_context: Any) -> None:
+        """A collected step begins (switched activations): the tapped classes go on and
+        the train cell's graph compiled with them is keyed apart until the step ends.
+        The first time in a ``Model.train`` call it is compiled here, on the step's
+        inputs, as ``_compile_with_taps`` compiles the other: should a tap of ours fail
+        to compile, the activations go off with one warning and the step runs the graph
+        the others run; ``Model.train`` then finds it compiled (or cached: once)."""
+        acts, network = self.acts, self.network
+        acts.graph.begin(self._keyer)
+        if not self._acts_compile:
+            return
+        self._acts_compile = False
+        cb = run_context.original_args()
+        inputs = cb.get("train_dataset_element")
+        if not isinstance(inputs, list | tuple):
+            return
+        try:
+            network.compile(*inputs)
+        except Exception as exc:
+            acts.graph.end()  # the step runs the other graph
+            if not failed_in_our_wrapper(exc):  # the user's own: Model.train meets it
+                log.debug("msmon: the train cell did not compile", exc_info=True)
+                return
+            acts.tap_failed()
+            network._msmon_acts = None
+            where = "train cell"
+            self.monitor.warn_once(
+                "acts failed", ACTS_FAILED.format(where=where, error=first_line(exc))
+            )
+
     def on_train_step_end(self, run_context: Any) -> None:
         mon = self.monitor
         cb = run_context.original_args()
         now = time.perf_counter()
+        acts = self.acts
+        if acts is not None and acts.graph is not None:
+            mon.guard("switching the activations out", acts.graph.end)
         if self._t_begin is not None:
             waited = self._t_begin - self._t_end if self._t_end is not None else 0.0
             mon.add_timing(waited, now - self._t_begin)

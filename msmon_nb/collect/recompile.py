@@ -33,6 +33,13 @@ one place that every way in uses:
   for the taps (a train cell run in GRAPH_MODE keeps its graphs in its own
   ``compile_cache``) are dropped again, so nothing of ours stays in a user's graph.
 
+* Activations and attention (``collect.acttaps``) get a graph of their own: while a
+  collected step's graph call runs with their classes swapped in, ``variant`` is
+  ``ACT_SUFFIX`` and every jit function compiled then, and every prepared or varied
+  train cell (``vary_cell``: a ``Model.train`` callback's), gets ``ACT_SUFFIX + SUFFIX``
+  after its phase; the other steps keep the graph without them. Being ours, those
+  phases end with SUFFIX and are dropped with the rest.
+
 MindSpore 2.7.1 and 2.10 both key jit graphs this way (``compile(self, method_name,
 *args, **kwargs)`` returning the phase, ``_cell_cache_key_extend``, ``ms_compile_cache``,
 the graph executor's ``get_params`` and ``del_net_res``); each piece is looked up.
@@ -59,6 +66,10 @@ log = logging.getLogger(__name__)
 # ends the phases our taps compile under: a function's graph from before the taps is
 # another cache entry and survives them
 SUFFIX = ".msmon_tapped"
+# stands before SUFFIX in the phases compiled while a collected step's activation and
+# attention classes are swapped in (``collect.acttaps``): that graph is keyed apart from
+# the one the other steps run, and ends with SUFFIX like every phase of ours
+ACT_SUFFIX = ".msmon_act"
 # how many calls deep ``holds_taps`` follows the functions a step calls
 DEPTH = 4
 # the modules whose functions the taps wrap or that call what they wrap
@@ -126,6 +137,13 @@ class Recompiler:
         # under (``expect_call``), and per phase whether its graph runs an update
         self._called: tuple[str, Any] | None = None
         self._updates: dict[str, bool] = {}
+        # ACT_SUFFIX while a collected step runs with the activation classes swapped in
+        # (``acttaps.GraphActivations.begin``): whatever compiles then is keyed apart
+        self.variant = ""
+        # train cells whose graphs compiled under the variant are keyed apart, their
+        # other graphs left as they are (a ``Model.train`` callback keeps both on the
+        # cell between calls and drops them itself when its monitor closes)
+        self._varied: list[Any] = []
 
     @property
     def installed(self) -> bool:
@@ -164,6 +182,35 @@ class Recompiler:
                 cache.discard(phase)
         self._keyed.clear()
         self._keyed_phases.clear()
+        self._varied.clear()
+        self.variant = ""
+
+    def keys_jit(self) -> bool:
+        """Whether jit functions compiled under the variant get a phase of their own:
+        installed, and this MindSpore's ``_JitExecutor`` takes a cache key extension."""
+        if not self._patches:
+            return False
+        executor = getattr(jit_api(), "_JitExecutor", None)
+        try:
+            params = inspect.signature(executor.__init__).parameters
+        except (TypeError, ValueError, AttributeError):
+            return False
+        return "cell_cache_key_extend" in params
+
+    def keys(self, cell: Any) -> bool:
+        """Whether ``cell``'s graphs compiled under the variant get a phase of their own
+        (it was prepared, or varied, with ``_key_cells`` in place)."""
+        return bool(self._cell_patches) and any(c is cell for c in (*self._keyed, *self._varied))
+
+    def vary_cell(self, cell: Any) -> bool:
+        """Key ``cell``'s graph compiled under the variant apart (its phase + ACT_SUFFIX
+        + SUFFIX) and leave its other graphs under its own phase. False where this
+        MindSpore cannot key cell graphs."""
+        if not isinstance(getattr(cell, "compile_cache", None), set) or not self._key_cells():
+            return False
+        if not self.keys(cell):
+            self._varied.append(cell)
+        return True
 
     def prepare_cell(self, cell: Any) -> bool:
         """A train cell run in GRAPH_MODE under the taps compiles with them once. Where
@@ -194,34 +241,34 @@ class Recompiler:
         compile_, run = found.get("compile"), found.get("run")
         if not callable(compile_) or not callable(run):
             return False
-        keyed = self._keyed_cell
+        suffix = self._cell_suffix
 
         def compile(executor, obj, *args, phase="predict", **kwargs):
-            if not keyed(obj, phase):
+            extra = suffix(obj, phase)
+            if not extra:
                 return compile_(executor, obj, *args, phase=phase, **kwargs)
             with self._around(obj):
-                out = compile_(executor, obj, *args, phase=phase + SUFFIX, **kwargs)
+                out = compile_(executor, obj, *args, phase=phase + extra, **kwargs)
             full = out[0] if isinstance(out, tuple) and out else out
-            if isinstance(full, str):
+            if isinstance(full, str) and any(c is obj for c in self._keyed):
                 self._keyed_phases.append((obj, full))
             return out
 
         def run_keyed(executor, obj, *args, phase="predict"):
-            if keyed(obj, phase):
-                phase = phase + SUFFIX
-            return run(executor, obj, *args, phase=phase)
+            return run(executor, obj, *args, phase=phase + suffix(obj, phase))
 
         self._cell_patches.put(executor, "compile", compile)
         self._cell_patches.put(executor, "run", run_keyed)
         return True
 
-    def _keyed_cell(self, obj: Any, phase: Any) -> bool:
-        return (
-            isinstance(phase, str)
-            and phase != "save"
-            and not phase.endswith(SUFFIX)
-            and any(c is obj for c in self._keyed)
-        )
+    def _cell_suffix(self, obj: Any, phase: Any) -> str:
+        """What a prepared or varied cell's phase gets: SUFFIX for a prepared one, the
+        variant before it while the variant is on; nothing for any other cell."""
+        if not isinstance(phase, str) or phase == "save" or phase.endswith(SUFFIX):
+            return ""
+        if self.variant and any(c is obj for c in (*self._keyed, *self._varied)):
+            return self.variant + SUFFIX
+        return SUFFIX if any(c is obj for c in self._keyed) else ""
 
     def holds(self, executor: Any) -> bool:
         """Whether the function ``executor`` compiles holds something the taps wrap, by
@@ -281,7 +328,7 @@ class Recompiler:
         A function the references say nothing about, met with a graph compiled before
         the taps that runs an optimizer update, is compiled again under our phase too."""
         graphs = getattr(executor, "_graph_executor", None)
-        if self.holds(executor):
+        if self.variant or self.holds(executor):
             return self._compile_tapped(original, executor, method_name, args, kwargs)
         cached = len(self.cache)
         out = original(executor, method_name, *args, **kwargs)
@@ -301,7 +348,7 @@ class Recompiler:
         graphs = getattr(executor, "_graph_executor", None)
         extend = getattr(executor, "_cell_cache_key_extend", None)
         if isinstance(extend, str):
-            executor._cell_cache_key_extend = extend + SUFFIX
+            executor._cell_cache_key_extend = extend + self.variant + SUFFIX
             try:
                 out = original(executor, method_name, *args, **kwargs)
             finally:

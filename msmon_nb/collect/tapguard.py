@@ -19,6 +19,13 @@ from typing import Any
 
 _OURS = str(Path(__file__).resolve().parent)
 
+ACTS_FAILED = (
+    "the activation/attention taps of msmon_nb could not compile inside your {where} "
+    "({error}); they are switched off and your step ran without them: act/... and "
+    "attn/... of compiled steps are not recorded from here on in this run (the rest is). "
+    "Please report this with the error"
+)
+
 TAP_FAILED = (
     "a grad_norm/lr tap of msmon_nb could not compile inside your {where} ({error}); it "
     "is switched off and your step compiled and ran without it: train/grad_norm and "
@@ -76,6 +83,32 @@ def run_unwrapped_on_failure(
         out = call()
         warn(TAP_FAILED.format(where=where, error=first_line(exc)))
         return out
+
+
+def run_collected(
+    call: Callable[[], Any],
+    graph: Any,
+    keyer: Any,
+    switch_off: Callable[[], None],
+    warn: Callable[[str], None],
+    where: str,
+) -> Any:
+    """``call()`` with ``graph``'s activation and attention classes swapped in and what
+    compiles keyed apart (``acttaps.GraphActivations.collecting``: a collected step). If
+    it fails compiling a wrapper of ours, the classes are back, ``switch_off()`` keeps
+    them off, and ``call()`` runs again with the graph the other steps run (a compile
+    error means nothing ran), then ``warn``: training goes on without them."""
+    try:
+        with graph.collecting(keyer):
+            return call()
+    except Exception as exc:
+        if not failed_in_our_wrapper(exc):
+            raise
+        error = exc
+    switch_off()
+    out = call()
+    warn(ACTS_FAILED.format(where=where, error=first_line(error)))
+    return out
 
 
 def drop_compiled(cells: Iterable[Any]) -> None:

@@ -53,7 +53,7 @@ from msmon_nb.collect.parts import Namer, Part, Parts, merge, user_namespaces
 from msmon_nb.collect.patches import Patches
 from msmon_nb.collect.recorder import Recorder, StepInputs, StopTraining
 from msmon_nb.collect.several import attribute, grouped, optimizers_held, read_lrs, values_for
-from msmon_nb.collect.tapguard import TapSet, run_unwrapped_on_failure
+from msmon_nb.collect.tapguard import TapSet, run_collected, run_unwrapped_on_failure
 from msmon_nb.collect.tensors import batch_size_of, flatten_tensors, to_float
 from msmon_nb.collect.torchstyle import TorchStyle, is_torch_optimizer, step_loss
 from msmon_nb.collect.torchstyle import imported as torch_imported  # (a dict lookup)
@@ -428,7 +428,8 @@ class Watch:
             train = watch._is_train_cell(cell)
             watch._begin("train_cell" if train else "cell")
             if train and watch.acts is not None and graph_mode():
-                watch._guard(watch.acts.compiled_root, cell)  # before it compiles (once)
+                keyed = watch._guard(watch._key_cell, cell)
+                watch._guard(watch.acts.compiled_root, cell, None, keyed)  # before it compiles
             if train:
                 watch._tap_loss(cell)
                 watch._prepare_graph_cell(cell)
@@ -436,7 +437,7 @@ class Watch:
             calls = watch._opt_calls
             watch._depth += 1
             try:
-                out = watch._graph_call(original, cell, args, kwargs, "train cell")
+                out = watch._graph_call(original, cell, args, kwargs, "train cell", train)
             finally:
                 watch._depth -= 1
             if not train and watch._opt_calls == calls:
@@ -488,7 +489,9 @@ class Watch:
             watch.calls += top
             if top and watch.acts is not None:  # before it compiles (collect.acttaps)
                 if watch.acts.graph is None:  # (found once: not a walk every step)
-                    watch._guard(watch.acts.compiled_root, watch._guard(jit_root, executor))
+                    root = watch._guard(jit_root, executor)
+                    keyed = watch._act_keyer() is not None
+                    watch._guard(watch.acts.compiled_root, root, None, keyed)
                 else:
                     watch.acts.wants_root = False
             watch._install_tap()
@@ -497,7 +500,7 @@ class Watch:
                 watch._expect_graph()
             watch._depth += 1
             try:
-                out = watch._graph_call(original, executor, args, kwargs, "jit step")
+                out = watch._graph_call(original, executor, args, kwargs, "jit step", top)
             finally:
                 watch._depth -= 1
             watch.jit_ran = True
@@ -653,13 +656,35 @@ class Watch:
                 self._guard(tap.begin)
                 self._opt_at_begin = self._opt_calls
 
-    def _graph_call(self, original: Any, obj: Any, args: tuple, kwargs: dict, where: str) -> Any:
+    def _graph_call(
+        self, original: Any, obj: Any, args: tuple, kwargs: dict, where: str, step: bool = False
+    ) -> Any:
         """The user's call, run once without our taps if it fails compiling one of them
-        (``collect.tapguard``): that path is then not monitored, training goes on."""
+        (``collect.tapguard``): that path is then not monitored, training goes on.
+        ``step``: the call is a step (a top-level jit call, a train cell); a collected
+        one runs the graph compiled with the activation classes (``collect.acttaps``),
+        without them if they cannot compile."""
         acts = self.acts
-        taps = TapSet(self.tap, acts.graph if acts is not None else None)
-        if not taps.installed:
+
+        def call() -> Any:
             return original(obj, *args, **kwargs)
+
+        keyer = self._act_keyer(obj) if step and acts is not None and acts.switched() else None
+        if keyer is not None:
+            plain = call
+
+            def call() -> Any:
+                def warn(message: str) -> None:
+                    self.monitor.warn_once("acts failed", message)
+
+                graph = acts.graph  # None once they failed (a retry below runs then)
+                if graph is None:
+                    return plain()
+                return run_collected(plain, graph, keyer, acts.tap_failed, warn, where)
+
+        taps = TapSet(self.tap, acts.graph if acts is not None else None)
+        if not taps.installed and keyer is None:
+            return call()
 
         def warn(message: str) -> None:
             self.tap = None  # no tap again in this watch
@@ -667,9 +692,31 @@ class Watch:
                 acts.tap_failed()
             self.monitor.warn_once("tap failed", message)
 
-        return run_unwrapped_on_failure(
-            lambda: original(obj, *args, **kwargs), taps, [obj], warn, where
-        )
+        return run_unwrapped_on_failure(call, taps, [obj], warn, where)
+
+    def _act_keyer(self, obj: Any = None) -> Any:
+        """The recompiler that keys the graph a collected step of ``obj`` (a train cell;
+        None or a jit executor: a jit step) compiles with the activation classes apart
+        from the other steps' (``collect.recompile``); None where it cannot."""
+        tap = self.tap
+        if tap is None:
+            return None
+        recompiler = tap.recompiler
+        from mindspore import nn
+
+        if not isinstance(obj, nn.Cell):
+            return recompiler if recompiler.keys_jit() else None
+        return recompiler if recompiler.keys(obj) else None
+
+    def _key_cell(self, cell: Any) -> bool:
+        """A train cell run in GRAPH_MODE with activations: its graphs keyed under a
+        phase of their own (``Recompiler.prepare_cell``), so that its collected steps'
+        graph can be keyed apart. Whether it is."""
+        tap = self.tap
+        if tap is None:
+            return False
+        tap.recompiler.prepare_cell(cell)
+        return tap.recompiler.keys(cell)
 
     def _gate_loss(self) -> bool:
         """True when the skip gate judges the loss (loss_spike skip or nonfinite skip)."""
