@@ -44,35 +44,29 @@ demo: $(STAMP)
 sysdeps:
 	bash .ci/sysdeps
 
-# Suites that check results only (no timing, liveness or overhead assertions) run in two
-# more pytest processes beside the rest, at the lowest CPU priority: the rest mostly waits on
-# pages, kernels and live steps (about half of two cores busy), so they fill what it leaves
-# and the rest's timing checks keep the cores they need. Their logs are printed after the
-# rest's summary; build/test-rest.status says when the rest is done (.ci/run starts its
-# other jobs then), build/junit-*.xml hold each test's time (for balancing the halves).
-BESIDE_A := tests/conformance tests/scenarios
-BESIDE_B := tests/trainers tests/diagnose tests/detection
-BESIDE := $(BESIDE_A) $(BESIDE_B)
+# Suites that check results only (no timing, liveness or overhead assertions) run beside
+# the rest, at the lowest CPU priority, in one pytest with two workers that take the next
+# test as they come free (pytest-xdist, --dist worksteal): the rest mostly waits on pages,
+# kernels and live steps (about half of two cores busy), so they fill what it leaves and
+# the rest's timing checks keep the cores they need. Two fixed halves, as before, ended up
+# to 4.5 minutes apart as the suites grew (the last of them ends the run). Their log is
+# printed after the rest's summary; build/test-rest.status says when the rest is done
+# (.ci/run starts its other jobs then), build/junit-*.xml hold each test's time.
+BESIDE := tests/conformance tests/scenarios tests/trainers tests/diagnose tests/detection
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 test: $(STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@mkdir -p build; rm -f build/test-rest.status build/test-beside-*.status
-	@for half in a b; do \
-	    if [ $$half = a ]; then dirs="$(BESIDE_A)"; else dirs="$(BESIDE_B)"; fi; \
-	    ( nice -n 19 $(PYTEST) --junitxml=build/junit-beside-$$half.xml $$dirs \
-	        > build/test-beside-$$half.log 2>&1; \
-	      echo $$? > build/test-beside-$$half.status ) & \
-	done; \
+	@mkdir -p build; rm -f build/test-rest.status build/test-beside.status
+	@( nice -n 19 $(PYTEST) -n 2 --dist worksteal --junitxml=build/junit-beside.xml $(BESIDE) \
+	    > build/test-beside.log 2>&1; echo $$? > build/test-beside.status ) & \
 	$(BIN)/python -m pytest --junitxml=build/junit-rest.xml $(addprefix --ignore=,$(BESIDE)); \
 	rest=$$?; echo $$rest > build/test-rest.status; \
 	wait; status=$$rest; \
-	for half in a b; do \
-	    echo; echo "== beside it, at nice 19: build/test-beside-$$half.log =="; \
-	    cat build/test-beside-$$half.log; \
-	    [ "$$(cat build/test-beside-$$half.status)" = 0 ] || status=1; \
-	done; \
+	echo; echo "== beside it, at nice 19: build/test-beside.log =="; \
+	cat build/test-beside.log; \
+	[ "$$(cat build/test-beside.status)" = 0 ] || status=1; \
 	exit $$status
 
 # The manual as a static site in build/site/ (mkdocs.yml; strict: a broken link or anchor
