@@ -25,20 +25,10 @@ from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from tests.support import tiny
+from tests.support.extent64 import stats64
 
 STEPS, EVERY = 7, 3
 STATS = ("norm", "max_abs", "mean", "nonfinite", "zero_frac")
-
-
-def stats64(array):
-    x = array.astype(np.float64).reshape(-1)
-    return {
-        "norm": float(np.sqrt((x * x).sum())),
-        "max_abs": float(np.abs(x).max()),
-        "mean": float(x.mean()),
-        "nonfinite": float((~np.isfinite(x)).sum()),
-        "zero_frac": float((x == 0).sum()) / x.size,
-    }
 
 
 class Net(nn.Cell):

@@ -42,6 +42,7 @@ from msmon_nb.config.checks import MonitorWarning
 from msmon_nb.events.runs import load_run
 from msmon_nb.monitor import Monitor
 from tests.mindnlp.support import LR, assert_identical, bert_config, state, trainer
+from tests.support.extent64 import stats64
 
 UPDATES, EVERY = 3, 2  # steps 0 and 2 collected
 COLLECTED = [s for s in range(UPDATES) if s % EVERY == 0]
@@ -109,17 +110,6 @@ def train(model, data, seen=None):
         optimizer.step()
         model.zero_grad()
     return model, optimizer
-
-
-def stats64(array: np.ndarray) -> dict[str, float]:
-    x = array.astype(np.float64).reshape(-1)
-    return {
-        "norm": float(np.sqrt((x * x).sum())),
-        "max_abs": float(np.abs(x).max()),
-        "mean": float(x.mean()),
-        "nonfinite": float((~np.isfinite(x)).sum()),
-        "zero_frac": float((x == 0).sum()) / x.size,
-    }
 
 
 def leaves(model) -> list[str]:
