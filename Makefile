@@ -45,14 +45,16 @@ sysdeps:
 	bash .ci/sysdeps
 
 # Suites that check results only (no timing, liveness or overhead assertions) run beside
-# the rest, at the lowest CPU priority, in one pytest with two workers that take the next
-# test as they come free (pytest-xdist, --dist worksteal): the rest mostly waits on pages,
+# the rest, at the lowest CPU priority (tests/collect among them: its overhead-budget and
+# skip-page tests, which time things, live in tests/monitor and tests/viewer), in one
+# pytest with two workers that take the next test as they come free (pytest-xdist,
+# --dist worksteal): the rest mostly waits on pages,
 # kernels and live steps (about half of two cores busy), so they fill what it leaves and
 # the rest's timing checks keep the cores they need. Two fixed halves, as before, ended up
 # to 4.5 minutes apart as the suites grew (the last of them ends the run). Their log is
 # printed after the rest's summary; build/test-rest.status says when the rest is done
 # (.ci/run starts its other jobs then), build/junit-*.xml hold each test's time.
-BESIDE := tests/conformance tests/scenarios tests/trainers tests/diagnose tests/detection
+BESIDE := tests/collect tests/conformance tests/scenarios tests/trainers tests/diagnose tests/detection
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 test: $(STAMP) sysdeps
