@@ -186,18 +186,20 @@ def test_model_train(mindformers, plain, tmp_path):
     assert_same_weights(list(optimizer.get_parameters()), list(plain_opt.get_parameters()))
 
 
-def test_attention_targets_refuse_its_rotary_attention_by_name(mindformers):
+def test_attention_targets_follow_its_rotary_attention_through_its_softmax(mindformers):
     """``attention_targets`` naming MindFormers' ``LLamaAttention``: its logits are of
     queries and keys after rotary position embeddings, which msmon cannot recompute from
-    its ``wq``/``wk`` projections; each named module is refused, saying why and what to do
-    (``collect.attnform``), and none is taken for attention it is not."""
+    its ``wq``/``wk`` projections, so each named module is followed through the scores it
+    feeds its own softmax (``collect.attnsoftmax``; refused before), none refused. The
+    values are checked in ``test_mindformers_attention.py``."""
     from msmon_nb.collect.activations import module_paths
     from msmon_nb.collect.attention import attention_modules
+    from msmon_nb.collect.attnsoftmax import is_softmax_form
 
     net, _, _ = build(mindformers)
     found, problems = attention_modules(module_paths(net), [r"layers\.\d+\.attention$"])
-    assert found == [] and len(problems) == 2
-    for i, problem in enumerate(problems):
-        assert f"'model.layers.{i}.attention' (LLamaAttention)" in problem
-        assert "rotary position embeddings ('apply_rotary_emb')" in problem
-        assert "remove it from attention_targets" in problem
+    assert problems == []
+    assert [path for path, _, _ in found] == [f"model.layers.{i}.attention" for i in (0, 1)]
+    for _, cell, form in found:
+        assert type(cell).__name__ == "LLamaAttention"
+        assert is_softmax_form(form) and form.owner is cell
